@@ -1,0 +1,31 @@
+# Two entry points (README): `make reproduce` runs the workflow, `make test` runs the tests.
+# Both create the virtual environment on first use from the pins in pyproject.toml.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+# DeepSpeed compiles its CPU ops on first use into this cache instead of at install time.
+export DS_BUILD_OPS := 0
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+
+.PHONY: venv test reproduce clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[all]'
+	touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+reproduce: $(STAMP)
+	$(VENV)/bin/torchrun --nproc_per_node 2 examples/quickstart.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

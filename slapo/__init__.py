@@ -1,0 +1,21 @@
+"""Slapo: a schedule language for progressive optimization of large deep learning models.
+
+    import slapo
+    sch = slapo.create_schedule(model)            # a schedule tree mirroring the model
+    sch["encoder.layer.0.attention.self.query"].shard("weight", axis=0)
+    sch["encoder.layer.0.attention.self"].sync("bwd_post", "all_reduce")
+    model = slapo.build(sch)
+
+``slapo.list_primitives()`` lists the primitives; ``help(sch.<primitive>)`` explains one.
+"""
+
+from .build import build
+from .primitives import get_primitive, list_primitives, register_primitive
+from .primitives._params import annotations as get_annotations
+from .primitives.shard import ShardSpec, shard_spec
+from .schedule import Schedule, create_schedule
+
+__version__ = "0.1.0"
+
+__all__ = ["Schedule", "ShardSpec", "build", "create_schedule", "get_annotations",
+           "get_primitive", "list_primitives", "register_primitive", "shard_spec"]

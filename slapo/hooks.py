@@ -1,0 +1,75 @@
+"""Hook plumbing shared by primitives: tensors inside module inputs/outputs, post-op chains."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+
+def map_first_tensor(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to ``value`` if it is a tensor, else to the first tensor of a tuple/list
+    (HF modules return tuples such as ``(attn_output, attn_weights)``) or of a ModelOutput."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            if isinstance(item, torch.Tensor):
+                items = list(value)
+                items[i] = fn(item)
+                return type(value)(items) if isinstance(value, list) else tuple(items)
+        raise TypeError("no tensor among the module's outputs")
+    if isinstance(value, dict):  # transformers' ModelOutput is an ordered dict
+        for key, item in value.items():
+            if isinstance(item, torch.Tensor):
+                value[key] = fn(item)
+                return value
+    raise TypeError(f"cannot find a tensor in a {type(value).__name__}")
+
+
+def map_first_input(args: tuple, kwargs: dict, fn: Callable) -> tuple[tuple, dict]:
+    """Apply ``fn`` to the first tensor argument of a call (positional first, then keyword)."""
+    for i, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor):
+            return args[:i] + (fn(arg),) + args[i + 1:], kwargs
+    for key, arg in kwargs.items():
+        if isinstance(arg, torch.Tensor):
+            return args, {**kwargs, key: fn(arg)}
+    raise TypeError("the module was called without a tensor argument")
+
+
+def post_chain(module: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+    """The ordered list of functions applied to a module's output after its forward.
+
+    One forward hook runs the whole chain, then adds a bias that sharding deferred (the bias of
+    a row-parallel layer must be added once, after the partial outputs are reduced).
+    """
+    chain = module.__dict__.get("_slapo_post_chain")
+    if chain is None:
+        chain = []
+        module.__dict__["_slapo_post_chain"] = chain
+        module.register_forward_hook(_run_post_chain)
+    return chain
+
+
+def defer_bias(module: nn.Module) -> None:
+    """Add ``module.bias`` after the post chain instead of inside the forward."""
+    post_chain(module)
+    module.__dict__["_slapo_deferred_bias"] = True
+
+
+def _run_post_chain(module: nn.Module, args, output):
+    for fn in module.__dict__["_slapo_post_chain"]:
+        output = map_first_tensor(output, fn)
+    if module.__dict__.get("_slapo_deferred_bias") and module.bias is not None:
+        bias = module.bias
+        output = map_first_tensor(output, lambda t: t + _channel_view(bias, module, t))
+    return output
+
+
+def _channel_view(bias: torch.Tensor, module: nn.Module, out: torch.Tensor) -> torch.Tensor:
+    # Linear: the bias broadcasts along the last axis; ConvNd: along the channel axis 1.
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return bias.view(1, -1, *([1] * (out.dim() - 2)))
+    return bias

@@ -1,0 +1,1 @@
+"""Schedules of the paper's models, one module per family."""

@@ -1,0 +1,42 @@
+"""checkpoint: activation checkpointing of a module."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+from ..random import rng_streams
+from . import register_primitive
+
+
+@register_primitive()
+def checkpoint(sch) -> None:
+    """Recompute this module's activations in the backward instead of storing them.
+
+    Built on ``torch.utils.checkpoint`` (non-reentrant), so keyword arguments pass through,
+    and random state is restored before the recomputation: the default generator by PyTorch,
+    the per-rank streams of ``fork_rng`` by slapo. Dropout therefore draws the same masks in
+    the recomputation as in the forward, and gradients equal those without checkpointing.
+    Without autograd (``torch.no_grad()``) the module runs as usual.
+
+    Example::
+
+        for i in range(config.num_hidden_layers):
+            sch[f"bert.encoder.layer.{i}"].checkpoint()
+    """
+    mod = sch.mod
+    if getattr(mod, "_slapo_checkpointed", False):
+        return
+    inner = mod.forward
+
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return inner(*args, **kwargs)
+        return torch_checkpoint(inner, *args, use_reentrant=False,
+                                context_fn=rng_streams().checkpoint_contexts, **kwargs)
+
+    mod.forward = forward
+    mod._slapo_checkpointed = True

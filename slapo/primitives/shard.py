@@ -1,0 +1,159 @@
+"""shard: split parameters across the ranks of the schedule's group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..hooks import defer_bias
+from ..sharding import shard_slice
+from . import register_primitive
+from ._params import get_param
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """How a sharded parameter was split: its axis, the world size and the full shape."""
+    axis: int
+    world_size: int
+    full_shape: tuple[int, ...]
+
+
+def shard_spec(param: torch.Tensor) -> ShardSpec | None:
+    """The ``ShardSpec`` of a parameter sharded by slapo, else None."""
+    return getattr(param, "slapo_shard", None)
+
+
+@register_primitive()
+def shard(sch, param_names: str | list[str], axis: int) -> None:
+    """Keep only this rank's slice of each parameter in ``param_names`` along ``axis``.
+
+    The module is adjusted so that it computes its part of the result:
+
+    - ``nn.Linear`` ``weight`` on axis 0 (column parallel): the bias is sharded with it and
+      the output holds this rank's output features (gather or keep them sharded).
+    - ``nn.Linear`` ``weight`` on axis 1 (row parallel): the output is a partial sum; the bias
+      is added once, after the forward syncs (add ``sync("fwd_post", "all_reduce")``).
+    - ``nn.Conv*d`` likewise with output/input channels.
+    - ``nn.Embedding`` ``weight`` on axis 0 (vocabulary parallel): ids outside this rank's
+      vocabulary range look up zeros, so the output is a partial sum to all-reduce.
+    - ``nn.Embedding`` ``weight`` on axis 1: the output holds this rank's hidden features.
+
+    Parameters tied to the sharded one (for example an LM head sharing the word-embedding
+    weight) are replaced by the same new parameter, and their modules adjusted too, so tied
+    weights stay tied. Annotations move to the new parameter. Sharding an already sharded
+    parameter again along the same axis is a no-op.
+
+    Raises ``ValueError`` when the axis size does not divide by the world size.
+
+    Example::
+
+        sch["encoder.layer.0.attention.self.query"].shard(["weight", "bias"], axis=0)
+        sch["encoder.layer.0.attention.output.dense"].shard("weight", axis=1)
+    """
+    names = [param_names] if isinstance(param_names, str) else list(param_names)
+    for name in names:
+        _shard_one(sch, name, axis)
+
+
+def _shard_one(sch, name: str, axis: int) -> None:
+    param = get_param(sch, name)
+    where = f"{sch.path or '<root>'}.{name}"
+    if not -param.dim() <= axis < param.dim():
+        raise ValueError(f"cannot shard '{where}' of shape {tuple(param.shape)} along axis "
+                         f"{axis}: it has {param.dim()} axes")
+    axis %= param.dim()
+    spec = shard_spec(param)
+    if spec is not None:
+        if spec.axis != axis:
+            raise ValueError(f"'{where}' is already sharded along axis {spec.axis}; "
+                             f"cannot shard it along axis {axis} too")
+        return
+    world = sch.world_size
+    if param.shape[axis] % world:
+        raise ValueError(f"cannot shard '{where}' of shape {tuple(param.shape)} along axis "
+                         f"{axis} over {world} ranks: {param.shape[axis]} is not divisible "
+                         f"by {world}")
+    new = nn.Parameter(shard_slice(param.detach(), axis, sch.group).clone(),
+                       requires_grad=param.requires_grad)
+    new.__dict__.update({k: v for k, v in param.__dict__.items() if k != "slapo_shard"})
+    new.slapo_shard = ShardSpec(axis, world, tuple(param.shape))
+    # Swap every reference to the old parameter, so that tied parameters stay tied.
+    for module in sch.root.mod.modules():
+        for pname, p in list(module._parameters.items()):
+            if p is param:
+                module._parameters[pname] = new
+                _adjust_module(module, pname, axis, world, sch)
+
+
+def _adjust_module(module: nn.Module, pname: str, axis: int, world: int, sch) -> None:
+    """Make a known module type compute its part of the result with a sharded parameter."""
+    if pname != "weight":
+        return
+    if isinstance(module, nn.Linear):
+        if axis == 0:
+            module.out_features //= world
+            _shard_bias(module, sch)
+        else:
+            module.in_features //= world
+            _use_deferred_bias(module)
+    elif isinstance(module, nn.modules.conv._ConvNd):
+        if axis == 0:
+            module.out_channels //= world
+            _shard_bias(module, sch)
+        elif axis == 1:
+            module.in_channels //= world
+            _use_deferred_bias(module)
+    elif isinstance(module, nn.Embedding):
+        if axis == 0:
+            _make_vocab_parallel(module, world, sch.rank)
+        else:
+            module.embedding_dim //= world
+
+
+def _shard_bias(module: nn.Module, sch) -> None:
+    bias = module._parameters.get("bias")
+    if bias is None or shard_spec(bias) is not None:
+        return
+    # Reuse the primitive on a node for this module, so that tied biases follow too.
+    node = _node_of(sch.root, module)
+    _shard_one(node, "bias", 0)
+
+
+def _node_of(root, module: nn.Module):
+    for _, node in root.named_schedules():
+        if node.mod is module:
+            return node
+    raise RuntimeError(f"{type(module).__name__} is not part of the scheduled model")
+
+
+def _use_deferred_bias(module: nn.Module) -> None:
+    if module.bias is None:
+        return
+    if isinstance(module, nn.Linear):
+        module.forward = lambda x: F.linear(x, module.weight)
+    else:
+        module.forward = lambda x: module._conv_forward(x, module.weight, None)
+    defer_bias(module)
+
+
+def _make_vocab_parallel(emb: nn.Embedding, world: int, rank: int) -> None:
+    part = emb.num_embeddings // world
+    start = rank * part
+    padding_idx = emb.padding_idx
+    local_padding = padding_idx - start if padding_idx is not None and \
+        start <= padding_idx < start + part else None
+    emb.num_embeddings = part
+    emb.padding_idx = local_padding
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        outside = (ids < start) | (ids >= start + part)
+        local = (ids - start).masked_fill(outside, 0)
+        out = F.embedding(local, emb.weight, local_padding, emb.max_norm, emb.norm_type,
+                          emb.scale_grad_by_freq, emb.sparse)
+        return out.masked_fill(outside.unsqueeze(-1), 0.0)
+
+    emb.forward = forward

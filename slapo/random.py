@@ -1,0 +1,97 @@
+"""Named random-number streams, swapped in for the default generator around a region.
+
+Tensor parallelism needs two kinds of randomness: dropout on replicated activations must draw
+the same mask on every rank (the default generator, seeded alike everywhere), while dropout on
+sharded activations must draw independent masks per rank (a per-rank stream). ``fork_rng``
+runs a module under such a stream; ``checkpoint`` records and restores the streams so that a
+recomputed forward draws the same masks as the original one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+# Offset added to the base seed for per-rank streams, so that they never coincide with the
+# default generator's stream.
+STREAM_SEED_OFFSET = 2718
+
+
+class RNGStreams:
+    """Generator states by stream name; each state holds the CPU state and, when CUDA is in
+    use, the current CUDA device's state."""
+
+    def __init__(self):
+        self._states: dict[str, dict[str, torch.Tensor]] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self._states
+
+    def add(self, name: str, seed: int) -> None:
+        """Create (or reset) stream ``name`` from ``seed`` without touching the default state."""
+        state = {"cpu": torch.Generator().manual_seed(seed).get_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.Generator(device="cuda").manual_seed(seed).get_state()
+        self._states[name] = state
+
+    @contextlib.contextmanager
+    def fork(self, name: str):
+        """Run the block with stream ``name`` as the default generator, then put it back."""
+        outside = _capture()
+        _restore(self._states[name])
+        try:
+            yield
+        finally:
+            self._states[name] = _capture()
+            _restore(outside)
+
+    def get_states(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {name: dict(state) for name, state in self._states.items()}
+
+    def set_states(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
+        self._states = {name: dict(state) for name, state in states.items()}
+
+    def checkpoint_contexts(self):
+        """``context_fn`` for ``torch.utils.checkpoint``: the recomputation sees the streams as
+        they were when the checkpointed forward started; afterwards they continue unchanged."""
+        at_forward = self.get_states()
+
+        @contextlib.contextmanager
+        def recompute():
+            latest = self.get_states()
+            self.set_states(at_forward)
+            try:
+                yield
+            finally:
+                self.set_states(latest)
+
+        return contextlib.nullcontext(), recompute()
+
+
+def _capture() -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _restore(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+_STREAMS = RNGStreams()
+
+
+def rng_streams() -> RNGStreams:
+    """The process-wide stream registry used by ``fork_rng`` and ``checkpoint``."""
+    return _STREAMS
+
+
+def manual_seed(seed: int, rank: int = 0, stream: str = "tensor_parallel") -> None:
+    """Seed the default generator with ``seed`` (identical on all ranks) and the per-rank stream
+    with ``seed + STREAM_SEED_OFFSET + rank``."""
+    torch.manual_seed(seed)
+    _STREAMS.add(stream, seed + STREAM_SEED_OFFSET + rank)

@@ -1,0 +1,127 @@
+"""The schedule tree: one node per submodule, mirroring the module hierarchy.
+
+A schedule never copies the model. Each node holds the module it schedules, its dotted path
+from the root, the process group the model is parallelised over, and its children. Primitives
+(``slapo.list_primitives()``) are looked up by name on any node, so a schedule reads like the
+model: ``sch["encoder.layer.0.attention.self.query"].shard("weight", axis=0)``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+from typing import Iterator
+
+import torch.distributed as dist
+from torch import nn
+
+from .primitives import get_primitive
+
+
+class Schedule:
+    """A node of the schedule tree.
+
+    Attributes:
+        mod: the ``nn.Module`` this node schedules (changes when ``replace`` swaps it).
+        name: the attribute name of ``mod`` in its parent ("" for the root).
+        path: the dotted path from the root ("" for the root).
+        parent: the parent node, or None for the root.
+        group: the process group the model is parallelised over (None: the default group, or
+            no group when ``torch.distributed`` is not initialised).
+        child: the children, by attribute name, in module order.
+    """
+
+    def __init__(self, mod: nn.Module, name: str = "", parent: Schedule | None = None,
+                 group: dist.ProcessGroup | None = None):
+        self.mod = mod
+        self.name = name
+        self.parent = parent
+        self.group = group
+        self.child: dict[str, Schedule] = {}
+        self._rebuild_children()
+
+    def _rebuild_children(self) -> None:
+        """(Re)create the child nodes from the current module's children."""
+        self.child = {name: Schedule(sub, name, self, self.group)
+                      for name, sub in self.mod.named_children()}
+
+    # --- where this node is -------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        if self.parent is None:
+            return ""
+        return f"{self.parent.path}.{self.name}" if self.parent.path else self.name
+
+    @property
+    def root(self) -> Schedule:
+        node = self
+        while node.parent is not None:
+            node = node.parent
+        return node
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group) if dist.is_initialized() else 1
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group) if dist.is_initialized() else 0
+
+    # --- lookup -------------------------------------------------------------------------
+    def __getitem__(self, path: str) -> Schedule:
+        """The node at ``path`` relative to this one (ModuleList indices are path parts)."""
+        node = self
+        for part in path.split(".") if path else []:
+            if part not in node.child:
+                full = f"{self.path}.{path}" if self.path else path
+                close = difflib.get_close_matches(full, [p for p, _ in self.root.named_schedules()],
+                                                  n=3, cutoff=0.5)
+                if not close:
+                    close = [f"{node.path}.{c}" if node.path else c for c in node.child]
+                hint = f"; closest existing paths: {', '.join(close)}" if close else ""
+                raise KeyError(f"no submodule '{full}' in {type(self.root.mod).__name__}{hint}")
+            node = node.child[part]
+        return node
+
+    def __contains__(self, path: str) -> bool:
+        try:
+            self[path]
+        except KeyError:
+            return False
+        return True
+
+    def named_schedules(self) -> Iterator[tuple[str, Schedule]]:
+        """Every node below and including this one, as (path, node), in module order."""
+        yield self.path, self
+        for sub in self.child.values():
+            yield from sub.named_schedules()
+
+    # --- primitives ---------------------------------------------------------------------
+    def __getattr__(self, name: str):
+        # Only reached when normal attribute lookup fails: resolve primitives by name.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            primitive = get_primitive(name)
+        except KeyError as err:
+            raise AttributeError(f"Schedule has no attribute or primitive '{name}'") from err
+        return types.MethodType(primitive, self)
+
+    def __dir__(self):
+        from .primitives import list_primitives
+        return sorted(set(super().__dir__()) | set(list_primitives()))
+
+    def __repr__(self) -> str:
+        return f"Schedule(path='{self.path}', mod={type(self.mod).__name__}, world_size={self.world_size})"
+
+
+def create_schedule(model: nn.Module, group: dist.ProcessGroup | None = None) -> Schedule:
+    """Create the schedule tree of ``model`` for parallelisation over ``group``.
+
+    With ``group=None`` the default process group is used when ``torch.distributed`` is
+    initialised; otherwise the schedule has world size 1 and sharding primitives are no-ops
+    that still validate their arguments.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"create_schedule expects an nn.Module, got {type(model).__name__}")
+    return Schedule(model, group=group)
