@@ -74,6 +74,9 @@ class Schedule:
         for part in path.split(".") if path else []:
             if part not in node.child:
                 full = f"{self.path}.{path}" if self.path else path
+                if part in dict(node.mod.named_parameters(recurse=False)):
+                    raise KeyError(f"'{full}' is a parameter, not a submodule: use "
+                                   f"sch['{node.path}'] and pass '{part}' to the primitive")
                 close = difflib.get_close_matches(full, [p for p, _ in self.root.named_schedules()],
                                                   n=3, cutoff=0.5)
                 if not close:

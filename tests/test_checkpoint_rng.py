@@ -1,0 +1,123 @@
+"""checkpoint() and fork_rng(): equal gradients, less memory, and the stated RNG behaviour."""
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import slapo
+from distributed import run_ranks
+from slapo.verify import relative_error
+from tiny_modules import small_bert_config
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _step(model, batch, seed):
+    torch.manual_seed(seed)
+    out = model(**batch)
+    out.loss.backward()
+    return out.loss.item(), _grads(model)
+
+
+def test_checkpoint_keeps_loss_and_gradients_with_dropout():
+    from transformers import BertForMaskedLM
+
+    config = small_bert_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    torch.manual_seed(0)
+    plain = BertForMaskedLM(config).train()
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    for i in range(config.num_hidden_layers):
+        sch[f"bert.encoder.layer.{i}"].checkpoint()  # called with keyword arguments by HF
+    checkpointed = slapo.build(sch)
+    ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    loss_plain, grads_plain = _step(plain, batch, seed=7)
+    loss_ckpt, grads_ckpt = _step(checkpointed, batch, seed=7)
+    assert loss_ckpt == loss_plain
+    # Dropout is on: equal gradients mean the recomputation drew the forward's masks.
+    for name, grad in grads_plain.items():
+        assert relative_error(grads_ckpt[name], grad) <= 1e-6, name
+    # A different seed gives different masks, so the check above is not vacuous.
+    assert _step(plain, batch, seed=8)[0] != loss_plain
+
+
+def _probe(mode: str) -> int:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("memory_probe.py")), mode],
+                         check=True, capture_output=True, text=True, env=env)
+    return int(out.stdout.split()[-1])
+
+
+def test_checkpoint_lowers_peak_memory():
+    plain, checkpointed = _probe("plain"), _probe("checkpoint")
+    print(f"\npeak memory growth of one BERT step (8 layers, hidden 256, batch 4 x 512): "
+          f"plain {plain / 2**20:.0f} MiB, checkpoint() on every layer {checkpointed / 2**20:.0f} MiB")
+    assert checkpointed < 0.6 * plain
+
+
+class _DropoutPair(nn.Module):
+    """Dropout on a replicated activation, then inside a (pretend) sharded region."""
+
+    def __init__(self):
+        super().__init__()
+        self.outside = nn.Dropout(0.5)
+        self.inside = nn.Sequential(nn.Dropout(0.5))
+
+    def forward(self, x):
+        a = self.outside(x)
+        return a, self.inside(x)
+
+
+def _rng_masks():
+    torch.manual_seed(0)  # the same seed on every rank, as training scripts do
+    model = _DropoutPair().train()
+    sch = slapo.create_schedule(model)
+    sch["inside"].fork_rng()
+    x = torch.ones(4096)
+    outside, inside = model(x)
+    after = torch.rand(4)  # the default stream continues alike on every rank
+    return outside, inside, after
+
+
+def test_fork_rng_differs_inside_and_agrees_outside():
+    (out0, in0, after0), (out1, in1, after1) = run_ranks(_rng_masks)
+    assert torch.equal(out0, out1)
+    assert torch.equal(after0, after1)
+    assert not torch.equal(in0, in1)
+    assert (in0 == 0).float().mean().item() == pytest_approx(0.5, 0.05)
+
+
+def pytest_approx(value, tol):
+    import pytest
+    return pytest.approx(value, abs=tol)
+
+
+def _fork_rng_under_checkpoint():
+    """A layer whose sharded part uses the per-rank stream, checkpointed as a whole."""
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.3),
+                          nn.Sequential(nn.Linear(64, 64), nn.Dropout(0.3)))
+    results = []
+    for checkpoint in (False, True):
+        model = copy.deepcopy(layer).train()
+        sch = slapo.create_schedule(model)
+        sch["2"].fork_rng(stream=f"test-{checkpoint}", seed=123)
+        if checkpoint:
+            sch.checkpoint()
+        torch.manual_seed(5)
+        model(torch.ones(8, 64)).sum().backward()
+        results.append(_grads(model))
+    return results
+
+
+def test_checkpoint_replays_per_rank_streams():
+    for plain, checkpointed in run_ranks(_fork_rng_under_checkpoint):
+        for name, grad in plain.items():
+            assert relative_error(checkpointed[name], grad) <= 1e-6, name
