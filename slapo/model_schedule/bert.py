@@ -1,9 +1,11 @@
-"""Schedule for BERT and RoBERTa (transformers' Bert*/Roberta* modules)."""
+"""Schedule for BERT (transformers' Bert* modules)."""
 
 from __future__ import annotations
 
+from . import checkpoint_layers
 
-def shard_bert(sch, prefix: str = "bert") -> None:
+
+def shard_bert(sch, prefix: str = "bert", shard_embedding: bool = True) -> None:
     """Megatron-style tensor parallelism of a BERT encoder over the schedule's group.
 
     Attention heads and the FFN are split across ranks (QKV and the first FFN linear by
@@ -24,6 +26,8 @@ def shard_bert(sch, prefix: str = "bert") -> None:
         layer["intermediate.dense"].sync("bwd_post", "all_reduce")
         layer["output.dense"].shard("weight", axis=1)
         layer["output.dense"].sync("fwd_post", "all_reduce")
+    if not shard_embedding:
+        return
     sch[f"{prefix}.embeddings.word_embeddings"].shard("weight", axis=0)
     sch[f"{prefix}.embeddings.word_embeddings"].sync("fwd_post", "all_reduce")
     if "cls.predictions.decoder" in sch:
@@ -31,3 +35,11 @@ def shard_bert(sch, prefix: str = "bert") -> None:
         head.shard("weight", axis=0)  # a no-op when tied to the word embedding
         head.sync("bwd_post", "all_reduce")
         head.sync("fwd_post", "all_gather", axis=-1)
+
+
+def schedule(sch, opts) -> None:
+    config = sch["bert"].mod.config
+    if opts.tensor_parallel and sch.world_size > 1:
+        shard_bert(sch, shard_embedding=opts.shard_embedding)
+    checkpoint_layers(sch, [f"bert.encoder.layer.{i}" for i in range(config.num_hidden_layers)],
+                      opts.ckpt_ratio)
