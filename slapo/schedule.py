@@ -37,20 +37,40 @@ class Schedule:
         self.name = name
         self.parent = parent
         self.group = group
+        self.path = f"{parent.path}.{name}" if parent is not None and parent.path else name
         self.child: dict[str, Schedule] = {}
+        self._param_owners = None
         self._rebuild_children()
 
     def _rebuild_children(self) -> None:
         """(Re)create the child nodes from the current module's children."""
         self.child = {name: Schedule(sub, name, self, self.group)
                       for name, sub in self.mod.named_children()}
+        self.root._param_owners = None  # the module structure may have changed
+
+    def param_owners(self, param) -> list[tuple[nn.Module, str]]:
+        """Every (module, attribute name) in the model that holds ``param`` (tied weights
+        appear more than once). Indexed once per model structure."""
+        root = self.root
+        if root._param_owners is None:
+            owners: dict[int, list] = {}
+            for module in root.mod.modules():
+                for pname, p in module._parameters.items():
+                    if p is not None:
+                        owners.setdefault(id(p), []).append((module, pname))
+            root._param_owners = owners
+        return root._param_owners.get(id(param), [])
+
+    def _replace_param_everywhere(self, old, new) -> list[tuple[nn.Module, str]]:
+        """Swap every reference to parameter ``old`` for ``new``; returns the holders."""
+        holders = self.param_owners(old)
+        for module, pname in holders:
+            module._parameters[pname] = new
+        index = self.root._param_owners
+        index[id(new)] = index.pop(id(old))
+        return holders
 
     # --- where this node is -------------------------------------------------------------
-    @property
-    def path(self) -> str:
-        if self.parent is None:
-            return ""
-        return f"{self.parent.path}.{self.name}" if self.parent.path else self.name
 
     @property
     def root(self) -> Schedule:

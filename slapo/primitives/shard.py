@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..hooks import defer_bias
-from ..sharding import shard_slice
 from . import register_primitive
 from ._params import get_param
 
@@ -60,8 +59,14 @@ def shard(sch, param_names: str | list[str], axis: int) -> None:
 
 
 def _shard_one(sch, name: str, axis: int) -> None:
-    param = get_param(sch, name)
-    where = f"{sch.path or '<root>'}.{name}"
+    _shard_param(sch, sch.mod, sch.path or "<root>", name, axis)
+
+
+def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int) -> None:
+    param = module._parameters.get(name)
+    if param is None:
+        get_param(sch, name)  # raises the error that names the module's parameters
+    where = f"{where}.{name}"
     if not -param.dim() <= axis < param.dim():
         raise ValueError(f"cannot shard '{where}' of shape {tuple(param.shape)} along axis "
                          f"{axis}: it has {param.dim()} axes")
@@ -77,33 +82,31 @@ def _shard_one(sch, name: str, axis: int) -> None:
         raise ValueError(f"cannot shard '{where}' of shape {tuple(param.shape)} along axis "
                          f"{axis} over {world} ranks: {param.shape[axis]} is not divisible "
                          f"by {world}")
-    new = nn.Parameter(shard_slice(param.detach(), axis, sch.group).clone(),
+    local = param.detach().chunk(world, dim=axis)[sch.rank]
+    new = nn.Parameter(local.clone(memory_format=torch.contiguous_format),
                        requires_grad=param.requires_grad)
     new.__dict__.update({k: v for k, v in param.__dict__.items() if k != "slapo_shard"})
     new.slapo_shard = ShardSpec(axis, world, tuple(param.shape))
     # Swap every reference to the old parameter, so that tied parameters stay tied.
-    for module in sch.root.mod.modules():
-        for pname, p in list(module._parameters.items()):
-            if p is param:
-                module._parameters[pname] = new
-                _adjust_module(module, pname, axis, world, sch)
+    for holder, pname in sch._replace_param_everywhere(param, new):
+        _adjust_module(holder, pname, axis, world, sch, where)
 
 
-def _adjust_module(module: nn.Module, pname: str, axis: int, world: int, sch) -> None:
+def _adjust_module(module: nn.Module, pname: str, axis: int, world: int, sch, where: str) -> None:
     """Make a known module type compute its part of the result with a sharded parameter."""
     if pname != "weight":
         return
     if isinstance(module, nn.Linear):
         if axis == 0:
             module.out_features //= world
-            _shard_bias(module, sch)
+            _shard_bias(module, sch, where)
         else:
             module.in_features //= world
             _use_deferred_bias(module)
     elif isinstance(module, nn.modules.conv._ConvNd):
         if axis == 0:
             module.out_channels //= world
-            _shard_bias(module, sch)
+            _shard_bias(module, sch, where)
         elif axis == 1:
             module.in_channels //= world
             _use_deferred_bias(module)
@@ -114,20 +117,10 @@ def _adjust_module(module: nn.Module, pname: str, axis: int, world: int, sch) ->
             module.embedding_dim //= world
 
 
-def _shard_bias(module: nn.Module, sch) -> None:
+def _shard_bias(module: nn.Module, sch, weight_where: str) -> None:
     bias = module._parameters.get("bias")
-    if bias is None or shard_spec(bias) is not None:
-        return
-    # Reuse the primitive on a node for this module, so that tied biases follow too.
-    node = _node_of(sch.root, module)
-    _shard_one(node, "bias", 0)
-
-
-def _node_of(root, module: nn.Module):
-    for _, node in root.named_schedules():
-        if node.mod is module:
-            return node
-    raise RuntimeError(f"{type(module).__name__} is not part of the scheduled model")
+    if bias is not None and shard_spec(bias) is None:
+        _shard_param(sch, module, weight_where.rsplit(".", 1)[0], "bias", 0)
 
 
 def _use_deferred_bias(module: nn.Module) -> None:

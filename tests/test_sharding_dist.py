@@ -1,0 +1,87 @@
+"""Sharding and forward collectives on 2 gloo ranks: embedding sharded along the hidden axis
+with an all-gather, a reduce-scatter, and the errors that depend on the world size."""
+
+import copy
+
+import torch
+from torch import nn
+
+import slapo
+from distributed import run_ranks
+from slapo.verify import train_side_by_side
+
+TOL = 1e-5
+
+
+class EmbedProject(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 16, padding_idx=3)
+        self.proj = nn.Linear(16, 8)
+
+    def forward(self, ids):
+        return self.proj(self.embed(ids))
+
+
+def _loss(model, batch):
+    out = model(batch["ids"])
+    return out.pow(2).mean(), out
+
+
+def _batches():
+    return [{"ids": torch.randint(0, 64, (4, 6), generator=torch.Generator().manual_seed(s))}
+            for s in range(3)]
+
+
+def _schedule_hidden_sharded(sch):
+    sch["embed"].shard("weight", axis=1)               # hidden features split across ranks
+    sch["embed"].sync("fwd_post", "all_gather", axis=-1)
+
+
+def _schedule_vocab_sharded_reduce_scatter(sch):
+    sch["embed"].shard("weight", axis=0)               # vocabulary split across ranks
+    sch["embed"].sync("fwd_post", "reduce_scatter", axis=-1)  # sum partials, keep my features
+    sch["proj"].shard("weight", axis=1)                # row parallel on those features
+    sch["proj"].sync("fwd_post", "all_reduce")
+
+
+def _run_all():
+    results = {}
+    for name, schedule in [("all_gather", _schedule_hidden_sharded),
+                           ("reduce_scatter", _schedule_vocab_sharded_reduce_scatter)]:
+        torch.manual_seed(0)
+        plain = EmbedProject()
+        sch = slapo.create_schedule(copy.deepcopy(plain))
+        schedule(sch)
+        results[name] = train_side_by_side(plain, slapo.build(sch), _batches(), _loss)
+
+    errors = {}
+    sch = slapo.create_schedule(nn.Linear(5, 4))
+    try:
+        sch.shard("weight", axis=1)
+    except ValueError as err:
+        errors["indivisible"] = str(err)
+    sch = slapo.create_schedule(EmbedProject())
+    sch["proj"].annotate("weight", "tp", "row")
+    sch["proj"].shard("weight", axis=1)
+    errors["annotation"] = slapo.get_annotations(sch["proj"].mod.weight)
+    errors["local_shape"] = tuple(sch["proj"].mod.weight.shape)
+    try:
+        sch["proj"].shard("weight", axis=0)
+    except ValueError as err:
+        errors["reshard"] = str(err)
+    return results, errors
+
+
+def test_forward_collectives_and_world_size_errors():
+    for results, errors in run_ranks(_run_all):
+        for name, reports in results.items():
+            for step, report in enumerate(reports):
+                assert report.loss_error <= TOL, (name, step)
+                assert report.output_error <= TOL, (name, step)
+                assert report.max_grad_error[1] <= TOL, (name, step, report.max_grad_error)
+        assert errors["indivisible"] == ("cannot shard '<root>.weight' of shape (4, 5) along axis "
+                                         "1 over 2 ranks: 5 is not divisible by 2")
+        assert errors["annotation"] == {"tp": "row"}
+        assert errors["local_shape"] == (8, 8)
+        assert "already sharded along axis 1" in errors["reshard"]
