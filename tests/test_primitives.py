@@ -129,3 +129,21 @@ def test_custom_sync_functions_run_in_order():
     torch.testing.assert_close(out, x + inner)  # the hooks ran on the call inside forward
     out.sum().backward()
     assert len(grads) == 1 and grads[0].shape == (2, 32)
+
+
+def test_build_runs_init_weights_and_refuses_meta_parameters():
+    with torch.device("meta"):
+        model = MLPBlock()
+    sch = slapo.create_schedule(model)
+    with pytest.raises(ValueError, match="meta device after build: norm.weight"):
+        slapo.build(sch)
+    model.to_empty(device="cpu")
+
+    def init(module):
+        if isinstance(module, nn.Linear):
+            nn.init.constant_(module.weight, 0.5)
+            nn.init.zeros_(module.bias)
+
+    built = slapo.build(sch, init_weights=init)
+    assert built is model and torch.all(model.fc1.weight == 0.5)
+    assert torch.all(model.fc2.bias == 0)
