@@ -38,3 +38,4 @@ def list_primitives() -> list[str]:
 
 # Importing the modules registers the primitives.
 from . import annotate, checkpoint, fork_rng, replace, shard, sync  # noqa: E402,F401
+from . import cut_pipeline_stage, decompose, find, fuse, trace  # noqa: E402,F401  (static graphs)

@@ -12,7 +12,7 @@ from . import register_primitive
 
 
 @register_primitive()
-def checkpoint(sch) -> None:
+def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
     """Recompute this module's activations in the backward instead of storing them.
 
     Built on ``torch.utils.checkpoint`` (non-reentrant), so keyword arguments pass through,
@@ -25,7 +25,17 @@ def checkpoint(sch) -> None:
 
         for i in range(config.num_hidden_layers):
             sch[f"bert.encoder.layer.{i}"].checkpoint()
+
+    With ``subgraph`` (one result of ``find`` on this traced node, or a connected list of its
+    nodes), only that subgraph is checkpointed: it is extracted into a submodule ``name``
+    (default ``checkpointed``, ``checkpointed_1``, ...) that is checkpointed as above::
+
+        attn.checkpoint(subgraph=attn.find(attention_core_pattern)[0], name="core")
     """
+    if subgraph is not None:
+        from ._subgraph import checkpoint_subgraph
+        checkpoint_subgraph(sch, subgraph, name, checkpoint)
+        return
     mod = sch.mod
     if getattr(mod, "_slapo_checkpointed", False):
         return

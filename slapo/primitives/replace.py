@@ -25,7 +25,7 @@ class FunctionModule(nn.Module):
 
 
 @register_primitive()
-def replace(sch, new: nn.Module | Callable) -> None:
+def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = None) -> None:
     """Replace this node's module with ``new`` (a module, or a function wrapped in one).
 
     The schedule tree is updated in place: this node now schedules ``new`` and its children
@@ -35,11 +35,25 @@ def replace(sch, new: nn.Module | Callable) -> None:
     Example::
 
         sch["encoder.layer.0.attention.self"].replace(MyFusedAttention(config))
+
+    With ``subgraph`` (one result of ``find`` on this traced node, or a connected list of its
+    nodes), only that subgraph is replaced: ``new`` is registered as submodule ``name``
+    (default: its class name in snake case) and called on the subgraph's inputs, in the order
+    of the pattern's arguments (for a plain list of nodes: in order of first use); it returns
+    the subgraph's outputs (a tuple when there are several)::
+
+        core = attn.find(attention_core_pattern)[0]   # inputs q, k, v, mask
+        attn.replace(lambda q, k, v, mask: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask), subgraph=core, name="sdpa")
     """
     if not isinstance(new, nn.Module):
         if not callable(new):
             raise TypeError(f"replace expects a module or a callable, got {type(new).__name__}")
         new = FunctionModule(new)
+    if subgraph is not None:
+        from ._subgraph import replace_subgraph
+        replace_subgraph(sch, new, subgraph, name)
+        return
     old_params = dict(sch.mod.named_parameters())
     for name, param in new.named_parameters():
         old = old_params.get(name)

@@ -1,0 +1,309 @@
+"""Finding nodes and subgraphs in a traced module, and splicing a subgraph out of its graph.
+
+Used by the static-graph primitives: ``find`` returns nodes or ``Subgraph`` matches;
+``fuse``, ``replace(subgraph=...)`` and ``checkpoint(subgraph=...)`` turn one subgraph into a
+call of a submodule (``splice``).
+
+A *subgraph* is a list of nodes of one traced graph that is connected and convex (no path
+leaves it and comes back), so that it can stand as one call. ``Subgraph`` (what ``find``
+returns for a pattern function) also knows its inputs, in the order of the pattern's
+arguments, and its outputs, in the order the pattern returns them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import re
+from typing import Any, Callable, Iterable
+
+import torch.fx as fx
+from torch import nn
+from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
+
+from .tracer import KIND
+
+__all__ = ["Subgraph", "as_subgraph", "extract_graph_module", "find_in", "graph_module_of",
+           "node_inputs", "splice"]
+
+
+class Subgraph(list):
+    """Nodes of a subgraph in graph order, with ``inputs`` (values from outside: nodes, or
+    constants a pattern argument matched) and ``outputs`` (nodes used outside)."""
+
+    def __init__(self, nodes: Iterable[fx.Node], inputs: list | None = None,
+                 outputs: list[fx.Node] | None = None):
+        super().__init__(nodes)
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def __repr__(self) -> str:
+        return f"Subgraph({[n.name for n in self]})"
+
+
+def graph_module_of(sch) -> fx.GraphModule:
+    """The GraphModule of a traced node, or a ValueError saying how to get one."""
+    if not isinstance(sch.mod, fx.GraphModule):
+        where = sch.path or "<root>"
+        raise ValueError(f"'{where}' ({type(sch.mod).__name__}) is not traced; call "
+                         f"sch{'[' + repr(sch.path) + ']' if sch.path else ''}.trace() first")
+    return sch.mod
+
+
+# --- find --------------------------------------------------------------------------------
+def _label(node: fx.Node) -> str:
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    return str(node.target)
+
+
+def find_in(gm: fx.GraphModule, pattern, kind: str = "auto",
+            ignore_literals: bool = True) -> list:
+    """Nodes (regex or predicate) or ``Subgraph`` matches (pattern function) in ``gm``."""
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    if kind not in ("auto", "regex", "predicate", "subgraph"):
+        raise ValueError(f"unknown kind '{kind}'; expected auto, regex, predicate or subgraph")
+    if isinstance(pattern, (str, re.Pattern)) and kind in ("auto", "regex"):
+        regex = re.compile(pattern)
+        return [n for n in nodes if regex.search(n.name) or regex.search(_label(n))]
+    if isinstance(pattern, (fx.Graph, fx.GraphModule)):
+        return _match_subgraph(gm, pattern, ignore_literals)
+    if not callable(pattern):
+        raise TypeError(f"find takes a regex string, a predicate node -> bool or a pattern "
+                        f"function; got {type(pattern).__name__}")
+    if kind == "auto":
+        kind = "predicate" if _is_predicate(pattern, nodes) else "subgraph"
+    if kind == "predicate":
+        return [n for n in nodes if pattern(n)]
+    return _match_subgraph(gm, pattern, ignore_literals)
+
+
+def _is_predicate(fn: Callable, nodes: list[fx.Node]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if len(params) != 1 or not nodes:
+        return False
+    try:
+        return isinstance(fn(nodes[0]), bool)
+    except Exception:
+        return False  # a pattern function fails on a Node: it computes on tensors
+
+
+def _pattern_graph(pattern) -> fx.Graph:
+    if isinstance(pattern, fx.GraphModule):
+        return pattern.graph
+    if isinstance(pattern, fx.Graph):
+        return pattern
+    try:
+        graph = fx.symbolic_trace(pattern).graph
+    except Exception as err:
+        raise ValueError(f"cannot trace the pattern function {_name(pattern)}: {err}") from err
+    unused = [n.target for n in graph.nodes if n.op == "placeholder" and not n.users]
+    if unused:
+        raise ValueError(f"pattern {_name(pattern)} does not use its argument(s) "
+                         f"{', '.join(unused)}")
+    return graph
+
+
+def _match_subgraph(gm: fx.GraphModule, pattern, ignore_literals: bool) -> list[Subgraph]:
+    graph = _pattern_graph(pattern)
+    matcher = SubgraphMatcher(graph, match_output=False, match_placeholder=False,
+                              remove_overlapping_matches=True, ignore_literals=ignore_literals)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    found = []
+    for match in matcher.match(gm.graph):
+        compute = [gn for pn, gn in match.nodes_map.items()
+                   if pn.op not in ("placeholder", "output")]
+        compute.sort(key=order.__getitem__)
+        found.append(Subgraph(compute, list(match.placeholder_nodes),
+                              list(match.returning_nodes)))
+    found.sort(key=lambda s: order[s[0]])
+    return found
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def no_match_message(gm: fx.GraphModule, pattern, where: str) -> str:
+    ops = []
+    for n in gm.graph.nodes:
+        if n.op not in ("placeholder", "output", "get_attr") and _label(n) not in ops:
+            ops.append(_label(n))
+    shown = ", ".join(ops[:25]) + (" ..." if len(ops) > 25 else "")
+    what = repr(pattern.pattern if isinstance(pattern, re.Pattern) else pattern) \
+        if isinstance(pattern, (str, re.Pattern)) else _name(pattern)
+    return (f"pattern {what} matches nothing in '{where}' ({len(gm.graph.nodes)} nodes; "
+            f"operations: {shown}). A pattern function matches only if each of its "
+            "intermediate values is used inside the match")
+
+
+# --- subgraphs -----------------------------------------------------------------------
+def as_subgraph(gm: fx.GraphModule, subgraph, where: str) -> Subgraph:
+    """Check that ``subgraph`` is one connected, convex set of nodes of ``gm``'s graph and
+    return it as a ``Subgraph`` with inputs and outputs."""
+    if isinstance(subgraph, fx.Node):
+        subgraph = [subgraph]
+    if not isinstance(subgraph, (list, tuple)) or not subgraph:
+        raise ValueError(f"expected a subgraph (a non-empty list of nodes, e.g. one result of "
+                         f"find) in '{where}', got {subgraph!r}")
+    if any(isinstance(x, (list, tuple)) for x in subgraph):
+        raise ValueError(f"expected one subgraph in '{where}', got a list of {len(subgraph)} "
+                         "subgraphs; pass one of them, e.g. matches[0]")
+    live = set(gm.graph.nodes)
+    for n in subgraph:
+        if not isinstance(n, fx.Node):
+            raise TypeError(f"a subgraph holds fx.Node objects; got {type(n).__name__}")
+        if n.graph is not gm.graph or n not in live:
+            raise ValueError(f"node '{n.name}' is not in the graph of '{where}' (nodes found "
+                             "before a later fuse/replace/trace are stale: find them again)")
+        if n.op in ("placeholder", "output"):
+            raise ValueError(f"a subgraph cannot hold the {n.op} node '{n.name}'")
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    nodes = sorted(set(subgraph), key=order.__getitem__)
+    members = set(nodes)
+    _check_connected(nodes, members, where)
+    _check_convex(nodes, members, order, where)
+
+    used_outside = [n for n in nodes if any(u not in members for u in n.users)]
+    outputs = getattr(subgraph, "outputs", None)
+    if outputs:
+        missing = [n.name for n in used_outside if n not in outputs]
+        if missing:
+            raise ValueError(f"node(s) {', '.join(missing)} of the subgraph in '{where}' are "
+                             "used outside it but are not among its outputs")
+        outputs = list(outputs)
+    else:
+        outputs = used_outside
+    if not outputs:
+        raise ValueError(f"the subgraph {[n.name for n in nodes]} in '{where}' has no value "
+                         "used outside it")
+    external: list[fx.Node] = []
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a not in members and a not in external:
+                external.append(a)
+    inputs = getattr(subgraph, "inputs", None)
+    if inputs is None:
+        inputs = external
+    missing = [a.name for a in external if a not in inputs]
+    if missing:
+        raise ValueError(f"the subgraph in '{where}' uses {', '.join(missing)} from outside "
+                         "but not as one of its inputs")
+    return Subgraph(nodes, list(inputs), outputs)
+
+
+def _check_connected(nodes, members, where) -> None:
+    seen = {nodes[0]}
+    todo = [nodes[0]]
+    while todo:
+        n = todo.pop()
+        for m in list(n.all_input_nodes) + list(n.users):
+            if m in members and m not in seen:
+                seen.add(m)
+                todo.append(m)
+    if len(seen) != len(nodes):
+        rest = [n.name for n in nodes if n not in seen]
+        raise ValueError(f"the subgraph in '{where}' is not connected: "
+                         f"{[n.name for n in nodes if n in seen]} and {rest} share no edge; "
+                         "fuse or replace them separately")
+
+
+def _check_convex(nodes, members, order, where) -> None:
+    last = order[nodes[-1]]
+    frontier = [u for n in nodes for u in n.users if u not in members and order[u] < last]
+    seen = set()
+    while frontier:
+        n = frontier.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for u in n.users:
+            if u in members:
+                raise ValueError(f"the subgraph in '{where}' is not convex: '{n.name}' uses a "
+                                 f"value of the subgraph and feeds its node '{u.name}', so "
+                                 "the subgraph cannot become one call; add it to the subgraph")
+            if order[u] < last:
+                frontier.append(u)
+
+
+def node_inputs(sub: Subgraph) -> list[fx.Node]:
+    """The distinct node inputs of ``sub``, in order (constants left out)."""
+    out: list[fx.Node] = []
+    for value in sub.inputs:
+        if isinstance(value, fx.Node) and value not in out:
+            out.append(value)
+    return out
+
+
+def extract_graph_module(gm: fx.GraphModule, sub: Subgraph, class_name: str) -> fx.GraphModule:
+    """A GraphModule computing ``sub``: its node inputs (``node_inputs``) as arguments, its
+    outputs as the result (a tuple when there are several)."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for value in node_inputs(sub):
+        env[value] = graph.placeholder(value.name)
+    for n in sub:
+        env[n] = graph.node_copy(n, lambda a: env[a])
+    outs = [env[o] for o in sub.outputs]
+    graph.output(outs[0] if len(outs) == 1 else tuple(outs))
+    graph.lint()
+    return fx.GraphModule(gm, graph, class_name=class_name)
+
+
+def splice(gm: fx.GraphModule, sub: Subgraph, name: str, module: nn.Module,
+           args: list[Any]) -> fx.Node:
+    """Replace the nodes of ``sub`` by ``module`` (registered as ``name``) called on ``args``;
+    the module returns the outputs (a tuple when there are several)."""
+    if hasattr(gm, name):
+        raise ValueError(f"'{name}' is already an attribute of {type(gm).__name__}; choose "
+                         "another name")
+    gm.add_submodule(name, module)
+    graph = gm.graph
+    members = set(sub)
+    last = sub[-1]
+    # Nodes between the first and the last subgraph node that depend on the subgraph move
+    # after the new call, in their order (the subgraph is convex, so none feeds it).
+    moved, inside, depends = [], False, set(members)
+    for n in graph.nodes:
+        if n is sub[0]:
+            inside = True
+        if n is last:
+            break
+        if inside and n not in members and any(a in depends for a in n.all_input_nodes):
+            depends.add(n)
+            moved.append(n)
+    with graph.inserting_after(last):
+        call = graph.call_module(name, tuple(args))
+    anchor = call
+    if len(sub.outputs) == 1:
+        call.meta[KIND] = sub.outputs[0].meta.get(KIND, "unknown")
+        sub.outputs[0].replace_all_uses_with(call)
+    else:
+        call.meta[KIND] = "tuple"
+        for i, out in enumerate(sub.outputs):
+            with graph.inserting_after(anchor):
+                item = graph.call_function(operator.getitem, (call, i))
+            item.meta[KIND] = out.meta.get(KIND, "unknown")
+            out.replace_all_uses_with(item)
+            anchor = item
+    for n in moved:
+        anchor.append(n)
+        anchor = n
+    for n in reversed(sub):
+        graph.erase_node(n)
+    graph.lint()
+    gm.recompile()
+    return call
+
+
+def fresh_name(gm: nn.Module, base: str) -> str:
+    """``base`` if free, else ``base_1``, ``base_2``, ..."""
+    if not hasattr(gm, base):
+        return base
+    i = 1
+    while hasattr(gm, f"{base}_{i}"):
+        i += 1
+    return f"{base}_{i}"

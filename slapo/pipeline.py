@@ -1,0 +1,249 @@
+"""Pipeline parallelism from a traced model: cut points, stage splitting, and the stages
+handed to ``torch.distributed.pipelining`` (``PipelineStage`` and a schedule such as
+``ScheduleGPipe``), which runs them.
+
+``cut_pipeline_stage`` records cuts as module paths on the schedule root. ``split_stages``
+works on a copy of the root graph: a cut inside a nested GraphModule (``trace`` with
+``flatten=False``) is reached by inlining the GraphModules on the way into the top graph;
+then every node goes to the stage of the last cut before it. Stage k takes the values that
+earlier stages produced and later ones use (stage 0: the model's inputs), in graph order, and
+returns those that later stages use; the last stage returns the model's output. Parameters
+and modules stay under their original names in each stage's module.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+
+from .tracer import KIND, has_foreign_hooks
+
+CUTS = "_slapo_pipeline_cuts"  # attribute of the root Schedule: the cut paths, in order
+
+
+def record_cut(sch) -> None:
+    """Remember a cut after ``sch``'s module (checked by the primitive)."""
+    cuts = sch.root.__dict__.setdefault(CUTS, [])
+    if sch.path not in cuts:
+        cuts.append(sch.path)
+
+
+def pipeline_cuts(sch) -> list[str]:
+    return list(sch.root.__dict__.get(CUTS, []))
+
+
+# --- splitting -------------------------------------------------------------------------
+def split_stages(sch) -> list[fx.GraphModule]:
+    """The stage modules of the traced root ``sch`` split at its recorded cuts. Running them
+    one after another (``out = stage(*out)``) computes what the model computes."""
+    root = sch.root
+    gm = root.mod
+    if not isinstance(gm, fx.GraphModule):
+        raise ValueError(f"a pipeline needs the traced model: call trace() on the schedule root "
+                         f"({type(gm).__name__}) before build(target='pipeline')")
+    cuts = pipeline_cuts(root)
+    if not cuts:
+        raise ValueError("no pipeline cuts: call sch['<module path>'].cut_pipeline_stage() on "
+                         "the module after which a stage ends")
+    graph = copy.deepcopy(gm.graph)
+    cut_nodes = [_reach(graph, gm, path) for path in cuts]
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    cut_nodes.sort(key=order.__getitem__)
+    stage_of = _assign_stages(graph, cut_nodes)
+    return _build_stage_modules(gm, graph, stage_of, len(cut_nodes) + 1)
+
+
+def _reach(graph: fx.Graph, gm: fx.GraphModule, path: str) -> fx.Node:
+    """The call of module ``path`` in ``graph``, inlining nested GraphModules to reach it."""
+    while True:
+        calls = [n for n in graph.nodes if n.op == "call_module" and n.target == path]
+        if len(calls) > 1:
+            raise ValueError(f"'{path}' is called {len(calls)} times; a pipeline cut needs a "
+                             "module called once")
+        if calls:
+            return calls[0]
+        outer = [n for n in graph.nodes if n.op == "call_module"
+                 and path.startswith(n.target + ".")]
+        if not outer:
+            raise ValueError(f"the traced model does not call '{path}' or a module around it; "
+                             "cut after a module the traced graph calls")
+        call = outer[0]
+        mod = gm.get_submodule(call.target)
+        if not isinstance(mod, fx.GraphModule) or has_foreign_hooks(mod) or \
+                getattr(mod, "_slapo_leaf", False):
+            raise ValueError(f"cannot cut inside '{call.target}' ({type(mod).__name__}): it is "
+                             "not a plain traced graph (untraced, a leaf, or changed by a "
+                             "primitive such as checkpoint); cut at its level instead")
+        _inline(graph, call, mod)
+
+
+def _inline(graph: fx.Graph, call: fx.Node, child: fx.GraphModule) -> None:
+    prefix = call.target
+    placeholders = [n for n in child.graph.nodes if n.op == "placeholder"]
+    values = list(call.args) + [call.kwargs[p.target] for p in placeholders[len(call.args):]]
+    env: dict[fx.Node, Any] = dict(zip(placeholders, values))
+    result = None
+    with graph.inserting_before(call):
+        for n in child.graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                result = fx.node.map_arg(n.args[0], env.__getitem__)
+                continue
+            new = graph.node_copy(n, env.__getitem__)
+            if new.op in ("call_module", "get_attr"):
+                new.target = f"{prefix}.{n.target}"
+            env[n] = new
+    for user in list(call.users):
+        if isinstance(result, (tuple, list)) and user.op == "call_function" and \
+                user.target is operator.getitem and user.args[0] is call:
+            user.replace_all_uses_with(result[user.args[1]])
+            graph.erase_node(user)
+        elif isinstance(result, fx.Node):
+            user.replace_input_with(call, result)
+        else:
+            with graph.inserting_before(user):
+                packed = graph.call_function(type(result), (list(result),)) \
+                    if isinstance(result, (tuple, list)) else \
+                    graph.call_function(dict, (), dict(result))
+            user.replace_input_with(call, packed)
+    graph.erase_node(call)
+
+
+def _assign_stages(graph: fx.Graph, cut_nodes: list[fx.Node]) -> dict[fx.Node, int]:
+    cuts = set(cut_nodes)
+    stage, stage_of = 0, {}
+    for n in graph.nodes:
+        if n.op in ("placeholder", "get_attr", "output"):
+            continue
+        stage_of[n] = stage
+        if n in cuts:
+            stage += 1
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            stage_of[n] = 0
+    return stage_of
+
+
+def _build_stage_modules(gm, graph, stage_of, num_stages) -> list[fx.GraphModule]:
+    nodes = list(graph.nodes)
+    output = nodes[-1]
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+
+    def users_stages(n):
+        return [stage_of.get(u, num_stages - 1) for u in n.users]  # output: last stage
+
+    stages = []
+    live_in = placeholders
+    for k in range(num_stages):
+        last = k == num_stages - 1
+        live_out = [] if last else [
+            n for n in nodes if n in stage_of and stage_of[n] <= k
+            and any(s > k for s in users_stages(n))]
+        for n in live_out:
+            kind = n.meta.get(KIND, "unknown")
+            if kind not in ("tensor", "unknown"):
+                raise ValueError(f"the value '{n.name}' ({kind}) crosses the cut after stage "
+                                 f"{k}; pipeline stages exchange tensors only, move the cut")
+        g = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        for n in live_in:
+            env[n] = g.placeholder(n.name)
+
+        def lookup(a, env=env, g=g):
+            if a not in env and a.op == "get_attr":
+                env[a] = g.node_copy(a)
+            return env[a]
+
+        for n in nodes:
+            if stage_of.get(n) == k and n.op != "placeholder":
+                env[n] = g.node_copy(n, lookup)
+        if last:
+            g.output(fx.node.map_arg(output.args[0], lookup))
+        else:
+            g.output(tuple(env[n] for n in live_out))
+        g.lint()
+        stages.append(fx.GraphModule(gm, g, class_name=f"Stage{k}"))
+        live_in = live_out
+    _check_parameters_in_one_stage(stages)
+    return stages
+
+
+def _check_parameters_in_one_stage(stages: list[fx.GraphModule]) -> None:
+    owners: dict[int, dict[int, str]] = {}
+    for k, stage in enumerate(stages):
+        for name, param in stage.named_parameters(remove_duplicate=False):
+            owners.setdefault(id(param), {}).setdefault(k, name)
+    for where in owners.values():
+        if len(where) > 1:
+            names = ", ".join(f"'{name}' (stage {k})" for k, name in sorted(where.items()))
+            raise ValueError(f"one parameter is used by several stages: {names}; a parameter "
+                             "must live in one stage (untie shared weights or move the cut)")
+
+
+# --- building for torch.distributed.pipelining ------------------------------------------
+@dataclass
+class PipelineBuild:
+    """What ``build(sch, target="pipeline")`` returns on each rank.
+
+    ``schedule`` is the ``torch.distributed.pipelining`` schedule (it runs the pipeline),
+    ``stage`` its ``PipelineStage``, ``module`` this rank's stage module (give its parameters
+    to the optimizer). ``step`` calls ``schedule.step`` with the arguments each rank needs.
+    """
+    schedule: Any
+    stage: Any
+    module: fx.GraphModule
+    stage_index: int
+    num_stages: int
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def step(self, *inputs, target=None) -> list[torch.Tensor]:
+        """One training step over the whole batch: the first stage takes ``inputs``, the last
+        ``target``; returns the per-microbatch losses on the last stage (else [])."""
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": target, "losses": losses} if self.is_last else {}
+        if self.is_first:
+            self.schedule.step(*inputs, **kwargs)
+        else:
+            self.schedule.step(**kwargs)
+        return losses
+
+
+def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
+                   schedule: str | type = "GPipe", group=None, device=None,
+                   stage_index: int | None = None) -> PipelineBuild:
+    """Split the traced model at its cuts and build this rank's stage and schedule."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    if not dist.is_initialized():
+        raise RuntimeError("build(target='pipeline') needs torch.distributed initialised, one "
+                           "rank per stage")
+    stages = split_stages(sch)
+    group = group if group is not None else sch.root.group
+    world = dist.get_world_size(group)
+    if len(stages) != world:
+        raise ValueError(f"{len(stages)} pipeline stages ({len(stages) - 1} cuts) for {world} "
+                         "ranks; a pipeline needs one rank per stage")
+    rank = dist.get_rank(group) if stage_index is None else stage_index
+    module = stages[rank]
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if torch.cuda.is_available() else torch.device("cpu")
+    stage = PipelineStage(module, rank, world, device, group=group)
+    cls = get_schedule_class(schedule) if isinstance(schedule, str) else schedule
+    sched = cls(stage, n_microbatches=n_microbatches, loss_fn=loss_fn)
+    return PipelineBuild(sched, stage, module, rank, world)

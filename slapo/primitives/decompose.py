@@ -1,0 +1,128 @@
+"""decompose: split a Linear in a traced graph into a matmul and a separate bias add."""
+
+from __future__ import annotations
+
+import operator
+
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from ..tracer import KIND, has_foreign_hooks
+from . import register_primitive
+
+
+class DecomposedLinear(nn.Linear):
+    """The matmul of a Linear; the enclosing graph adds the bias after the call.
+
+    The parameters keep their names (``weight``, ``bias``) and objects. ``bias`` reads None
+    because this module does not add it: sharding then treats it like a bias-free Linear,
+    which is right, since the graph adds the bias *after* the module's output (and after a
+    ``sync("fwd_post", ...)`` on the module): a row-parallel shard needs no deferred bias,
+    and a column-parallel shard of ``weight`` still shards the bias parameter with it. The
+    graph reads the parameter as ``decomposed_bias``.
+    """
+
+    _slapo_leaf = True
+    _slapo_attr_alias = {"bias": "decomposed_bias"}
+
+    def __init__(self, linear: nn.Linear):
+        nn.Module.__init__(self)
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight
+        self._parameters["bias"] = linear.bias
+        self.training = linear.training
+
+    @property
+    def bias(self):
+        return None
+
+    @property
+    def decomposed_bias(self) -> nn.Parameter:
+        return self._parameters["bias"]
+
+    def forward(self, x):
+        return F.linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                "bias added by the enclosing graph")
+
+
+def not_called_reason(sch) -> str:
+    """Why no traced graph calls ``sch``'s module (for error messages)."""
+    node = sch.parent
+    while node is not None:
+        if isinstance(node.mod, fx.GraphModule):
+            return (f"'{node.path or '<root>'}' is traced but its graph does not call this module "
+                    "itself (it was traced into the graph, or sits inside a leaf): trace with "
+                    "flatten=False, or list the module in trace(leaves=[...])")
+        node = node.parent
+    return "no ancestor is traced: call trace() on an ancestor (for a pipeline: on the root)"
+
+
+def traced_owner(sch):
+    """The nearest traced ancestor whose graph calls ``sch``'s module, the module's path in it
+    and the calling nodes; None when no traced ancestor calls it."""
+    node, rel = sch.parent, sch.name
+    while node is not None:
+        if isinstance(node.mod, fx.GraphModule):
+            calls = [n for n in node.mod.graph.nodes
+                     if n.op == "call_module" and n.target == rel]
+            if calls:
+                return node, rel, calls
+        if node.parent is None:
+            break
+        rel = f"{node.name}.{rel}"
+        node = node.parent
+    return None
+
+
+@register_primitive()
+def decompose(sch) -> None:
+    """Split this ``nn.Linear`` into its matmul and a bias add in the enclosing traced graph.
+
+    The module becomes a ``DecomposedLinear`` computing ``F.linear(x, weight)``, and the graph
+    that calls it adds ``bias`` right after the call, so that ``find`` can match the bias add
+    together with what follows (bias + GeLU) and ``fuse`` it. Parameter names and objects do
+    not change. The result is still schedulable: ``shard("weight", axis=0)`` shards the bias
+    with it, and ``shard("weight", axis=1)`` with ``sync("fwd_post", "all_reduce")`` reduces
+    the partial matmul before the graph adds the bias once. An ancestor must be traced
+    (``trace``); decompose before ``shard``/``sync`` on this module.
+
+    Example::
+
+        ffn = sch["encoder.layer.0.intermediate"]
+        ffn.trace()
+        ffn["dense"].decompose()
+        ffn.find(lambda x, bias: F.gelu(x + bias))
+    """
+    where = sch.path or "<root>"
+    mod = sch.mod
+    if not isinstance(mod, nn.Linear) or isinstance(mod, DecomposedLinear):
+        raise TypeError(f"decompose applies to an nn.Linear; '{where}' is a "
+                        f"{type(mod).__name__}")
+    if mod.bias is None:
+        raise ValueError(f"'{where}' (Linear) has no bias; there is nothing to decompose")
+    if has_foreign_hooks(mod):
+        raise ValueError(f"'{where}' already has hooks or a replaced forward (shard, sync, "
+                         "checkpoint); decompose it before those primitives")
+    owner = traced_owner(sch)
+    if owner is None:
+        raise ValueError(f"'{where}' is not called from a traced graph: {not_called_reason(sch)}")
+    owner_sch, rel, calls = owner
+    new = DecomposedLinear(mod)
+    setattr(sch.parent.mod, sch.name, new)
+    sch.mod = new
+    sch._rebuild_children()
+    gm = owner_sch.mod
+    for call in calls:
+        with gm.graph.inserting_after(call):
+            bias = gm.graph.get_attr(f"{rel}.decomposed_bias")
+        with gm.graph.inserting_after(bias):
+            add = gm.graph.call_function(operator.add, (call, bias))
+        bias.meta[KIND] = add.meta[KIND] = "tensor"
+        call.replace_all_uses_with(add, delete_user_cb=lambda user, add=add: user is not add)
+    gm.graph.lint()
+    gm.recompile()

@@ -1,0 +1,90 @@
+"""``cut_pipeline_stage`` and the stage split, in one process: the stages of a traced BERT run
+one after another compute what the model computes, each parameter lives in exactly one stage
+under its original name, and misplaced cuts raise clear errors. (The 2-rank training run with
+``torch.distributed.pipelining`` is in test_static_distributed.py.)
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.fx as fx
+
+import slapo
+from slapo.pipeline import split_stages
+from static_models import pipeline_batch, pipeline_model, pipeline_schedule
+
+
+def test_stages_in_sequence_compute_the_model():
+    plain = pipeline_model()
+    sch = pipeline_schedule(copy.deepcopy(plain),
+                            cuts=("bert.encoder.layer.2", "bert.encoder.layer.0"))
+    stages = split_stages(sch)
+    assert len(stages) == 3
+    ids, mask, _ = pipeline_batch(0)
+    values = (ids, mask)
+    for stage in stages:
+        values = stage(*values)
+        values = values if isinstance(values, tuple) else (values,)
+    expected = plain(input_ids=ids, attention_mask=mask, return_dict=False)[0]
+    torch.testing.assert_close(values[0], expected, rtol=1e-6, atol=1e-6)
+    names = [[n for n, _ in s.named_parameters()] for s in stages]
+    used = [n for n, _ in sch.mod.named_parameters()]  # the traced graphs drop unused ones
+    assert sorted(sum(names, [])) == sorted(used)
+    assert "bert.encoder.layer.0.attention.self.query.weight" in names[0]
+    assert "bert.encoder.layer.1.output.dense.bias" in names[1]
+    assert "cls.predictions.decoder.weight" in names[2]
+    # The cut inside the nested graphs did not change the model itself.
+    assert [n.target for n in sch.mod.graph.nodes if n.op == "call_module"] == ["bert", "cls"]
+
+
+def test_cut_in_untraced_module_is_an_error():
+    sch = slapo.create_schedule(pipeline_model())
+    with pytest.raises(ValueError, match=r"cannot cut the pipeline after 'bert\.encoder\.layer\.1'"
+                                         r" \(BertLayer\): no traced graph calls it; no ancestor "
+                                         r"is traced"):
+        sch["bert.encoder.layer.1"].cut_pipeline_stage()
+    ids, mask, _ = pipeline_batch(0)
+    sch.trace(flatten=True, example_inputs={"input_ids": ids, "attention_mask": mask},
+              concrete_args={"use_cache": False})
+    with pytest.raises(ValueError, match="its graph does not call this module itself"):
+        sch["bert.encoder.layer.1"].cut_pipeline_stage()  # traced into the flat graph
+    with pytest.raises(ValueError, match="applies to a submodule"):
+        sch.cut_pipeline_stage()
+
+
+def test_split_needs_traced_root_and_cuts():
+    sch = slapo.create_schedule(pipeline_model())
+    ids, mask, _ = pipeline_batch(0)
+    sch["bert.encoder"].trace(example_inputs={"hidden_states": torch.randn(4, 8, 32)})
+    sch["bert.encoder.layer.1"].cut_pipeline_stage()  # legal: a traced graph calls it ...
+    with pytest.raises(ValueError, match="needs the traced model"):
+        split_stages(sch)                              # ... but the root is not traced
+    traced = pipeline_schedule(pipeline_model(), cuts=())
+    with pytest.raises(ValueError, match="no pipeline cuts"):
+        split_stages(traced)
+
+
+def test_tied_weights_across_stages_are_an_error():
+    sch = pipeline_schedule(pipeline_model(tie=True))
+    with pytest.raises(ValueError, match=r"used by several stages: 'bert\.embeddings\.word_"
+                                         r"embeddings\.weight' \(stage 0\), 'cls\.predictions"
+                                         r"\.decoder\.weight' \(stage 1\)"):
+        split_stages(sch)
+
+
+def test_cut_inside_checkpointed_layer_is_an_error():
+    sch = pipeline_schedule(pipeline_model(), cuts=())
+    sch["bert.encoder.layer.1"].checkpoint()
+    sch["bert.encoder.layer.1.attention"].cut_pipeline_stage()
+    with pytest.raises(ValueError, match=r"cannot cut inside 'bert\.encoder\.layer\.1'"):
+        split_stages(sch)
+
+
+def test_pipeline_build_needs_distributed():
+    sch = pipeline_schedule(pipeline_model())
+    with pytest.raises(RuntimeError, match="needs torch.distributed initialised"):
+        slapo.build(sch, target="pipeline", n_microbatches=2)
+    with pytest.raises(ValueError, match="unknown build target"):
+        slapo.build(sch, target="graph")
+    assert isinstance(slapo.build(sch), fx.GraphModule)

@@ -1,0 +1,215 @@
+"""``trace`` keeps what a module computes: each block of the paper's HF families (BERT, RoBERTa,
+GPT-Neo, OPT, T5, LLaMA), traced with and without ``flatten``, trains like the untraced block,
+and whole models trace too. The traced graphs are run on other batch sizes and sequence
+lengths than the example inputs they were traced with.
+
+Tolerance: 3 SGD steps in fp32; relative error ``||a - b|| / max(||b||, 1e-3)``
+(``slapo.verify``) of the loss, the output and every parameter's gradient at most 1e-5.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.fx as fx
+from torch import nn
+
+import slapo
+from slapo.tracer import TraceError
+from slapo.verify import train_side_by_side
+from static_models import (EXAMPLE, RUN, STEPS, assert_trains_alike, bert_config, blocks,
+                           gpt_neo_config, hidden, llama_config, square_loss)
+
+def hf_loss(model, batch):
+    out = model(**batch)
+    return out.loss, out.logits
+
+
+@pytest.mark.parametrize("flatten", [False, True], ids=["hierarchy", "flat"])
+@pytest.mark.parametrize("name", list(blocks()))
+def test_traced_block_trains_like_plain(name, flatten):
+    factory, inputs = blocks()[name]
+    torch.manual_seed(0)
+    plain = factory()
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch.trace(flatten=flatten, example_inputs=inputs(*EXAMPLE, seed=100))
+    assert isinstance(sch.mod, fx.GraphModule)
+    batches = [inputs(*RUN, seed=s) for s in range(STEPS)]
+    assert_trains_alike(train_side_by_side(plain, slapo.build(sch), batches, square_loss), name)
+
+
+def test_hierarchy_kept_and_tree_rebuilt():
+    from transformers.models.bert.modeling_bert import BertLayer
+    _, inputs = blocks()["bert.BertLayer"]
+    config = bert_config()
+    plain = BertLayer(config)
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch.trace(example_inputs=inputs(*EXAMPLE, seed=0))
+    attn = sch["attention.self"]
+    assert isinstance(attn.mod, fx.GraphModule)
+    assert attn.mod.config.hidden_size == config.hidden_size  # plain attributes are kept
+    assert sch["attention.self.query"].mod is sch.mod.attention.self.query
+    assert isinstance(sch["attention.self.query"].mod, nn.Linear)
+    assert [n for n, _ in sch.mod.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    calls = [n.target for n in sch.mod.graph.nodes if n.op == "call_module"]
+    assert calls == ["attention", "intermediate", "output"]
+    # The tree is usable below the traced node: shard a Linear inside it (world size 1).
+    sch["attention.self.query"].shard("weight", axis=0)
+
+
+def test_flatten_and_leaves():
+    from transformers.models.bert.modeling_bert import BertLayer, BertSelfAttention
+    _, inputs = blocks()["bert.BertLayer"]
+    sch = slapo.create_schedule(BertLayer(bert_config()))
+    sch.trace(flatten=True, leaves=[BertSelfAttention, "output"],
+              example_inputs=inputs(*EXAMPLE, seed=0))
+    calls = [n.target for n in sch.mod.graph.nodes if n.op == "call_module"]
+    assert calls == ["attention.self", "attention.output.dense", "attention.output.dropout",
+                     "attention.output.LayerNorm", "intermediate.dense", "output"]
+    assert type(sch["attention.self"].mod) is BertSelfAttention
+
+
+def test_whole_bert_model_trains_like_plain():
+    from transformers import BertForMaskedLM
+    config = bert_config()
+    torch.manual_seed(0)
+    plain = BertForMaskedLM(config)
+
+    def batch(step, b=RUN[0], s=RUN[1]):
+        gen = torch.Generator().manual_seed(step)
+        mask = torch.ones(b, s, dtype=torch.long)
+        mask[0, -2:] = 0
+        return {"input_ids": torch.randint(0, config.vocab_size, (b, s), generator=gen),
+                "attention_mask": mask,
+                "labels": torch.randint(0, config.vocab_size, (b, s), generator=gen)}
+
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch.trace(example_inputs=batch(9, *EXAMPLE), concrete_args={"use_cache": False})
+    assert isinstance(sch["bert.encoder.layer.1.attention"].mod, fx.GraphModule)
+    batches = [batch(s) for s in range(STEPS)]
+    assert_trains_alike(train_side_by_side(plain, slapo.build(sch), batches, hf_loss), "bert")
+
+
+def test_whole_llama_model_flat_trains_like_plain():
+    from transformers import LlamaForCausalLM
+    config = llama_config()
+    torch.manual_seed(0)
+    plain = LlamaForCausalLM(config)
+
+    def batch(step, b=RUN[0], s=RUN[1]):
+        ids = torch.randint(0, config.vocab_size, (b, s),
+                            generator=torch.Generator().manual_seed(step))
+        return {"input_ids": ids, "labels": ids}
+
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch.trace(flatten=True, example_inputs=batch(9, *EXAMPLE),
+              concrete_args={"use_cache": False})
+    assert all(not isinstance(m, fx.GraphModule) for m in sch.mod.children())
+    batches = [batch(s) for s in range(STEPS)]
+    assert_trains_alike(train_side_by_side(plain, slapo.build(sch), batches, hf_loss), "llama")
+
+
+# --- errors ---------------------------------------------------------------------------
+def test_untraceable_model_error_names_module_and_reason():
+    from transformers import GPTNeoForCausalLM
+    sch = slapo.create_schedule(GPTNeoForCausalLM(gpt_neo_config()))
+    ids = torch.zeros(2, 8, dtype=torch.long)
+    with pytest.raises(TraceError) as err:
+        sch.trace(example_inputs={"input_ids": ids})  # builds a DynamicCache: not a graph value
+    message = str(err.value)
+    assert "cannot trace 'transformer' (GPTNeoModel)" in message
+    assert "DynamicCache" in message and "use_cache" in message
+    assert err.value.path == "transformer" and err.value.module_class == "GPTNeoModel"
+    assert isinstance(sch.mod, GPTNeoForCausalLM)  # the model is left as it was
+
+
+class _Gate(nn.Module):
+    def forward(self, x):
+        return x if x.sum() > 0 else -x
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.gate = _Gate()
+
+    def forward(self, x):
+        return self.gate(self.proj(x))
+
+
+class _Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = _Block()
+
+    def forward(self, x):
+        return self.block(x)
+
+
+def test_data_dependent_control_flow_error_names_module():
+    sch = slapo.create_schedule(_Outer())
+    with pytest.raises(TraceError, match=r"cannot trace 'block\.gate' \(_Gate\).*control flow "
+                                         r"depends on the data"):
+        sch.trace(example_inputs=(torch.randn(2, 4),))
+    # Making it a leaf gets past it.
+    sch.trace(leaves=[_Gate], example_inputs=(torch.randn(2, 4),))
+    x = torch.randn(2, 4)
+    assert torch.equal(sch.mod(x), sch.mod.block.gate(sch.mod.block.proj(x)))
+
+
+def test_shapes_need_example_inputs():
+    from transformers.models.bert.modeling_bert import BertSelfAttention
+    sch = slapo.create_schedule(BertSelfAttention(bert_config()))
+    with pytest.raises(TraceError, match="pass example_inputs"):
+        sch.trace()
+
+
+def test_fixed_arguments_are_checked_at_call_time():
+    from transformers.models.opt.modeling_opt import OPTAttention
+    from static_models import opt_config
+    _, inputs = blocks()["opt.OPTAttention"]
+    sch = slapo.create_schedule(OPTAttention(opt_config(), layer_idx=0))
+    sch.trace(example_inputs=inputs(*EXAMPLE, seed=0))
+    batch = inputs(*RUN, seed=1)
+    sch.mod(**batch, output_attentions=False)          # the traced value: fine
+    with pytest.raises(ValueError, match="'output_attentions' fixed to False"):
+        sch.mod(**batch, output_attentions=True)
+    with pytest.raises(ValueError, match="takes a tensor for 'attention_mask'"):
+        sch.mod(batch["hidden_states"], attention_mask=None)
+
+
+def test_trace_after_sync_is_refused():
+    from transformers.models.bert.modeling_bert import BertIntermediate
+    sch = slapo.create_schedule(BertIntermediate(bert_config()))
+    sch.sync("fwd_post", lambda t: t)
+    with pytest.raises(ValueError, match="trace it before applying them"):
+        sch.trace()
+
+
+def test_trace_without_example_inputs_for_simple_blocks():
+    from transformers.models.bert.modeling_bert import BertIntermediate
+    plain = BertIntermediate(bert_config())
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch.trace()
+    x = hidden(3, 5, 0)
+    torch.testing.assert_close(sch.mod(x), plain(x), rtol=0, atol=0)
+
+
+def test_traced_layer_draws_the_same_dropout_masks():
+    from transformers.models.bert.modeling_bert import BertLayer
+    from static_models import additive_mask
+    torch.manual_seed(0)
+    plain = BertLayer(bert_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    torch.manual_seed(5)
+    sch.trace(example_inputs={"hidden_states": hidden(*EXAMPLE, 0),
+                              "attention_mask": additive_mask(*EXAMPLE, 0)})
+    after_trace = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(after_trace, torch.rand(3))  # tracing does not consume random numbers
+    x, mask = hidden(*RUN, 1), additive_mask(*RUN, 1)
+    torch.manual_seed(7)
+    expected = plain(x, mask)
+    torch.manual_seed(7)
+    assert torch.equal(sch.mod(x, mask), expected)
