@@ -121,3 +121,16 @@ def test_checkpoint_replays_per_rank_streams():
     for plain, checkpointed in run_ranks(_fork_rng_under_checkpoint):
         for name, grad in plain.items():
             assert relative_error(checkpointed[name], grad) <= 1e-6, name
+
+
+def test_checkpoint_updates_batchnorm_statistics_once():
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).train()
+    checkpointed = copy.deepcopy(plain)
+    slapo.create_schedule(checkpointed).checkpoint()
+    x = torch.randn(4, 3, 8, 8)
+    for model in (plain, checkpointed):
+        model(x).sum().backward()
+    for key in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.equal(getattr(checkpointed[1], key), getattr(plain[1], key)), key
+    assert relative_error(checkpointed[0].weight.grad, plain[0].weight.grad) <= 1e-6

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -19,7 +20,8 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
     and random state is restored before the recomputation: the default generator by PyTorch,
     the per-rank streams of ``fork_rng`` by slapo. Dropout therefore draws the same masks in
     the recomputation as in the forward, and gradients equal those without checkpointing.
-    Without autograd (``torch.no_grad()``) the module runs as usual.
+    Without autograd (``torch.no_grad()``) the module runs as usual. Running statistics of
+    batch norms are updated by the forward only, not again by the recomputation.
 
     Example::
 
@@ -41,12 +43,39 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
         return
     inner = mod.forward
 
+    def contexts():
+        forward_ctx, recompute_ctx = rng_streams().checkpoint_contexts()
+        return forward_ctx, _chain(recompute_ctx, _keep_running_stats(mod))
+
     @functools.wraps(inner)
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():
             return inner(*args, **kwargs)
-        return torch_checkpoint(inner, *args, use_reentrant=False,
-                                context_fn=rng_streams().checkpoint_contexts, **kwargs)
+        return torch_checkpoint(inner, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
     mod.forward = forward
     mod._slapo_checkpointed = True
+
+
+@contextlib.contextmanager
+def _chain(*contexts):
+    with contextlib.ExitStack() as stack:
+        for ctx in contexts:
+            stack.enter_context(ctx)
+        yield
+
+
+@contextlib.contextmanager
+def _keep_running_stats(module: torch.nn.Module):
+    """Restore the running statistics of batch norms after the recomputation updated them."""
+    norms = [m for m in module.modules()
+             if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats]
+    saved = [{k: b.clone() for k, b in m.named_buffers(recurse=False) if b is not None}
+             for m in norms]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, buffers in zip(norms, saved):
+                for key, value in buffers.items():
+                    getattr(m, key).copy_(value)
