@@ -3,43 +3,38 @@
 from __future__ import annotations
 
 from . import checkpoint_layers
+from .common import fuse_bias_gelu, shard_column_row, shard_vocab, tensor_parallel, use_sdpa
 
 
-def shard_bert(sch, prefix: str = "bert", shard_embedding: bool = True) -> None:
+def shard_bert(sch, prefix: str = "bert", shard_embedding: bool = True,
+               vocab_parallel_loss: bool = False) -> None:
     """Megatron-style tensor parallelism of a BERT encoder over the schedule's group.
 
     Attention heads and the FFN are split across ranks (QKV and the first FFN linear by
-    columns, the output projections by rows), and the word embedding by vocabulary. With an
-    MLM head tied to the word embedding, the head's logits are gathered to the full vocabulary.
+    columns, the output projections by rows), attention-probability dropout draws per rank,
+    and the word embedding is split by vocabulary. The MLM head (tied to the word embedding)
+    then yields this rank's vocabulary slice: gathered to full logits, or, with
+    ``vocab_parallel_loss``, kept sharded and the loss computed on the slices.
     """
     config = sch[prefix].mod.config
     for i in range(config.num_hidden_layers):
         layer = sch[f"{prefix}.encoder.layer.{i}"]
-        attn = layer["attention.self"]
-        attn["query"].shard("weight", axis=0)
-        attn["key"].shard("weight", axis=0)
-        attn["value"].shard("weight", axis=0)
-        attn.sync("bwd_post", "all_reduce")
-        layer["attention.output.dense"].shard("weight", axis=1)
-        layer["attention.output.dense"].sync("fwd_post", "all_reduce")
-        layer["intermediate.dense"].shard("weight", axis=0)
-        layer["intermediate.dense"].sync("bwd_post", "all_reduce")
-        layer["output.dense"].shard("weight", axis=1)
-        layer["output.dense"].sync("fwd_post", "all_reduce")
-    if not shard_embedding:
-        return
-    sch[f"{prefix}.embeddings.word_embeddings"].shard("weight", axis=0)
-    sch[f"{prefix}.embeddings.word_embeddings"].sync("fwd_post", "all_reduce")
-    if "cls.predictions.decoder" in sch:
-        head = sch["cls.predictions.decoder"]
-        head.shard("weight", axis=0)  # a no-op when tied to the word embedding
-        head.sync("bwd_post", "all_reduce")
-        head.sync("fwd_post", "all_gather", axis=-1)
+        shard_column_row(layer["attention"], ["self.query", "self.key", "self.value"],
+                         "output.dense", input_sync="self")
+        layer["attention.self"].fork_rng()
+        shard_column_row(layer, ["intermediate.dense"], "output.dense", input_sync="intermediate")
+    if shard_embedding:
+        shard_vocab(sch, [f"{prefix}.embeddings.word_embeddings"], "cls.predictions.decoder",
+                    loss="masked" if vocab_parallel_loss else None)
 
 
 def schedule(sch, opts) -> None:
-    config = sch["bert"].mod.config
-    if opts.tensor_parallel and sch.world_size > 1:
-        shard_bert(sch, shard_embedding=opts.shard_embedding)
-    checkpoint_layers(sch, [f"bert.encoder.layer.{i}" for i in range(config.num_hidden_layers)],
-                      opts.ckpt_ratio)
+    layers = [f"bert.encoder.layer.{i}" for i in range(sch["bert"].mod.config.num_hidden_layers)]
+    if opts.kernel_opt:
+        use_sdpa(sch)
+        for path in layers:
+            fuse_bias_gelu(sch[f"{path}.intermediate.dense"],
+                           sch[f"{path}.intermediate.intermediate_act_fn"])
+    if tensor_parallel(sch, opts):
+        shard_bert(sch, shard_embedding=opts.shard_embedding, vocab_parallel_loss=True)
+    checkpoint_layers(sch, layers, opts.ckpt_ratio)

@@ -1,0 +1,25 @@
+"""Schedule for GPT-Neo (transformers' GPTNeo* modules)."""
+
+from __future__ import annotations
+
+from . import checkpoint_layers
+from .common import (divide_heads, fuse_bias_gelu, sdpa_gpt_neo, shard_column_row, shard_vocab,
+                     tensor_parallel, use_sdpa)
+
+
+def schedule(sch, opts) -> None:
+    layers = [sch[f"transformer.h.{i}"] for i in range(sch.mod.config.num_layers)]
+    if opts.kernel_opt:
+        use_sdpa(sch)
+        for layer in layers:
+            sdpa_gpt_neo(layer["attn.attention"])
+            fuse_bias_gelu(layer["mlp.c_fc"], layer["mlp.act"])
+    if tensor_parallel(sch, opts):
+        for layer in layers:
+            shard_column_row(layer["attn.attention"], ["q_proj", "k_proj", "v_proj"], "out_proj")
+            divide_heads(layer["attn.attention"], "num_heads")
+            layer["attn.attention"]["core" if opts.kernel_opt else "attn_dropout"].fork_rng()
+            shard_column_row(layer["mlp"], ["c_fc"], "c_proj")
+        if opts.shard_embedding:
+            shard_vocab(sch, ["transformer.wte"], "lm_head", loss="causal")
+    checkpoint_layers(sch, [layer.path for layer in layers], opts.ckpt_ratio)

@@ -1,0 +1,89 @@
+"""Cross entropy over logits sharded along the vocabulary across a tensor-parallel group.
+
+Rank ``r`` of ``p`` holds the logits of vocabulary ids ``[r*V/p, (r+1)*V/p)`` (what a
+vocabulary-parallel LM head produces). The loss of a token with target ``t`` is
+``log(sum_v exp(z_v)) - z_t``, computed without gathering the logits:
+
+1. ``m = max_v z_v``: local max, then an all-reduce (MAX) across the group;
+2. ``s = sum_v exp(z_v - m)``: local sum, then an all-reduce (SUM);
+3. ``z_t - m``: taken on the rank that owns ``t`` (zero elsewhere), then an all-reduce (SUM);
+4. ``loss = log(s) - (z_t - m)``.
+
+The backward is local: ``d loss / d z_v = softmax(z)_v - [v == t]``, scaled by the incoming
+gradient; each rank writes its own vocabulary slice (in the saved softmax buffer, so a graph
+through this loss supports one backward). Targets equal to ``ignore_index`` give
+loss 0 and zero gradient, and the mean is taken over the other tokens, as
+``F.cross_entropy(..., ignore_index=-100)`` does. Computation is in float32 (like HF's losses).
+With world size 1 (or no process group) it is a plain cross entropy.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _world_and_rank(group) -> tuple[int, int]:
+    if not dist.is_initialized():
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def _all_reduce(x: torch.Tensor, op, group, world: int) -> torch.Tensor:
+    if world > 1:
+        dist.all_reduce(x, op=op, group=group)
+    return x
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, group):
+        world, rank = _world_and_rank(group)
+        ctx.dtype = logits.dtype
+        logits = logits.float()
+        part = logits.shape[-1]
+        start = rank * part
+        # 1. global max, for a stable log-sum-exp
+        gmax = _all_reduce(logits.max(dim=-1).values, dist.ReduceOp.MAX, group, world)
+        shifted = logits - gmax.unsqueeze(-1)
+        # 3. the (shifted) target logit, from the rank that owns the target id
+        valid = target != ignore_index
+        local = target - start
+        owned = valid & (local >= 0) & (local < part)
+        local = local.masked_fill(~owned, 0)
+        picked = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~owned, 0.0)
+        picked = _all_reduce(picked, dist.ReduceOp.SUM, group, world)
+        # 2. the partition function
+        exp = shifted.exp_()
+        total = _all_reduce(exp.sum(dim=-1), dist.ReduceOp.SUM, group, world)
+        loss = (total.log() - picked).masked_fill(~valid, 0.0)
+        ctx.save_for_backward(exp.div_(total.unsqueeze(-1)), local, owned, valid)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        softmax, local, owned, valid = ctx.saved_tensors
+        grad = softmax  # reused in place: the forward's buffer is not needed again
+        rows = owned.nonzero(as_tuple=True)
+        grad[rows + (local[rows],)] -= 1.0
+        grad.mul_((grad_loss * valid).unsqueeze(-1))
+        return grad.to(ctx.dtype), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group=None,
+                                 ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+    """Cross entropy of ``logits`` (``[..., V/p]``, this rank's vocabulary slice) against
+    ``target`` (``[...]``, global ids). ``reduction``: ``"mean"`` over non-ignored tokens,
+    ``"sum"``, or ``"none"`` (per token, 0 where ignored). The result is the same on every rank.
+    """
+    if logits.shape[:-1] != target.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and target {tuple(target.shape)} "
+                         "disagree outside the vocabulary axis")
+    losses = _VocabParallelCrossEntropy.apply(logits, target, ignore_index, group)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    if reduction == "mean":
+        return losses.sum() / (target != ignore_index).sum()
+    raise ValueError(f"unknown reduction {reduction!r}; expected 'mean', 'sum' or 'none'")

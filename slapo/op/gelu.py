@@ -1,0 +1,143 @@
+"""Fused bias + GeLU: ``gelu(x + bias)`` in one kernel, and a Linear that uses it.
+
+The fused kernel is ``torch.compile`` of the eager expression, compiled lazily on first use
+(one compilation per GeLU flavour; Inductor fuses the add, the GeLU and their backward into
+single elementwise kernels). Whether to compile is decided per call:
+
+- ``SLAPO_COMPILE_KERNELS=1``: always compile; ``=0``: never; unset or ``auto``: compile for
+  CUDA tensors only (on CPU the first compilation costs seconds to minutes, while the eager
+  expression is already one vectorised loop per op);
+- a ``compile=`` argument overrides the environment for that call.
+
+If compilation fails on the platform (no C++ compiler, unsupported backend, ...) the failure is
+logged once, in a line that starts ``slapo.op.gelu: torch.compile failed``, and the eager
+expression is used from then on: the numbers are the same, only slower.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+ENV_COMPILE = "SLAPO_COMPILE_KERNELS"
+_compiled: dict[str, object] = {}
+_compile_failed: list[str] = []  # the logged reason, once compilation failed
+
+
+def _bias_gelu_eager(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
+    return F.gelu(x + bias, approximate=approximate)
+
+
+def _bias_gelu_none(x, bias):
+    return _bias_gelu_eager(x, bias, "none")
+
+
+def _bias_gelu_tanh(x, bias):
+    return _bias_gelu_eager(x, bias, "tanh")
+
+
+_EAGER = {"none": _bias_gelu_none, "tanh": _bias_gelu_tanh}
+
+
+def _want_compile(x: torch.Tensor, compile: bool | None) -> bool:
+    if _compile_failed:
+        return False
+    if compile is not None:
+        return compile
+    setting = os.environ.get(ENV_COMPILE, "auto").strip().lower()
+    if setting in ("1", "true", "yes"):
+        return True
+    if setting in ("0", "false", "no"):
+        return False
+    return x.is_cuda
+
+
+def compiled_kernel_state() -> str:
+    """``"compiled"`` if a compiled kernel ran, ``"failed: <reason>"`` if compilation failed,
+    else ``"eager"``."""
+    if _compile_failed:
+        return f"failed: {_compile_failed[0]}"
+    return "compiled" if _compiled else "eager"
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "none",
+              compile: bool | None = None) -> torch.Tensor:
+    """``gelu(x + bias)`` (``approximate``: ``"none"`` = erf GeLU, ``"tanh"`` = gelu_new).
+
+    ``compile``: force (True) or forbid (False) the ``torch.compile`` kernel; None follows
+    ``SLAPO_COMPILE_KERNELS`` (default: compile on CUDA only).
+    """
+    if approximate not in _EAGER:
+        raise ValueError(f"unknown GeLU approximation {approximate!r}; expected 'none' or 'tanh'")
+    if bias is None:
+        return F.gelu(x, approximate=approximate)
+    if not _want_compile(x, compile):
+        return _EAGER[approximate](x, bias)
+    fn = _compiled.get(approximate)
+    if fn is None:
+        fn = _compiled[approximate] = torch.compile(_EAGER[approximate], dynamic=None)
+    try:
+        return fn(x, bias)
+    except Exception as err:  # noqa: BLE001 - any backend failure falls back to eager
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        _compile_failed.append(reason)
+        _compiled.clear()
+        logger.warning("slapo.op.gelu: torch.compile failed on this platform (%s); "
+                       "using the eager bias+GeLU from now on", reason)
+        return _EAGER[approximate](x, bias)
+
+
+def gelu_approximation(act: nn.Module) -> str | None:
+    """The ``approximate`` flavour of a GeLU activation module (torch or transformers), or None
+    when ``act`` is not a GeLU that ``bias_gelu`` reproduces.
+
+    transformers' ``GELUActivation`` is the erf GeLU (``"none"``); ``NewGELUActivation``
+    (``gelu_new``, GPT-2/GPT-Neo) and ``GELUTanh`` are the tanh approximation (``"tanh"``),
+    which ``F.gelu(approximate="tanh")`` computes within float rounding of the Python formula.
+    """
+    if isinstance(act, nn.GELU):
+        return act.approximate
+    try:
+        from transformers.activations import GELUActivation, GELUTanh, NewGELUActivation
+    except ImportError:  # pragma: no cover - transformers is an optional dependency
+        return None
+    if isinstance(act, GELUActivation):
+        return "none"
+    if isinstance(act, (NewGELUActivation, GELUTanh)):
+        return "tanh"
+    return None
+
+
+class LinearGeLU(nn.Linear):
+    """``gelu(x @ W^T + b)`` with the bias add and the GeLU fused (see ``bias_gelu``).
+
+    ``LinearGeLU.from_linear(linear, approximate)`` reuses ``linear``'s parameters (same
+    objects, so sharded or tied parameters stay so); sharding its weight along axis 0 later
+    works as for ``nn.Linear``.
+    """
+
+    approximate: str = "none"
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, approximate: str = "none") -> LinearGeLU:
+        if approximate not in _EAGER:
+            raise ValueError(f"unknown GeLU approximation {approximate!r}")
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.approximate = approximate
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bias_gelu(F.linear(x, self.weight), self.bias, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, gelu approximate={self.approximate!r}"

@@ -1,0 +1,148 @@
+"""Attention through ``torch.nn.functional.scaled_dot_product_attention`` (SDPA).
+
+One function, ``attention``, covers what the model families of the paper need:
+
+- padding masks, boolean (``True`` = attend) or additive float (HF's eager masks: 0 / dtype min);
+- causal masks, aligned to the bottom right as HF does (query ``i`` of ``Q`` sees key ``j`` when
+  ``j <= i + K - Q``);
+- GPT-Neo's local attention: a causal window of ``window`` keys (``i - j < window``) and no
+  ``1/sqrt(d)`` scaling (``scale=1.0``);
+- T5's relative position bias, an additive ``bias`` broadcast to ``[B, H, Q, K]`` (``scale=1.0``);
+- grouped-query attention (fewer key/value heads than query heads);
+- dropout on the attention probabilities (``dropout_p``), drawn from the current default
+  generator, so ``fork_rng`` and ``checkpoint`` control it as they control ``nn.Dropout``.
+
+When no mask, bias or window is needed and ``Q == K``, SDPA gets ``is_causal`` and no mask, which
+lets CUDA pick its flash kernel; otherwise the masks are merged into one tensor (boolean when all
+parts are boolean, additive float otherwise) and SDPA picks the memory-efficient or math kernel.
+
+A query row left with no key to attend to (possible only when padding meets a causal or local
+window, e.g. left padding) gets zeros, SDPA's convention; HF's eager code averages such rows
+instead. They are padding positions, which carry no loss.
+
+``hf_attention_forward`` adapts ``attention`` to transformers' attention interface; registered
+under ``SLAPO_ATTENTION`` (``register_hf_attention``), a model whose configs name it runs every
+interface-based attention (BERT, RoBERTa, OPT, LLaMA, T5) through this file. ``CoreAttention``
+wraps ``attention`` in a module for attention code that does not use the interface (GPT-Neo).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SLAPO_ATTENTION = "slapo_sdpa"
+
+
+def _structural_mask(q_len: int, k_len: int, causal: bool, window: int | None,
+                     device) -> torch.Tensor | None:
+    """Boolean [Q, K] mask of causality and the local window (None when neither applies)."""
+    if not causal and window is None:
+        return None
+    q_pos = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    k_pos = torch.arange(k_len, device=device)[None, :]
+    keep = k_pos <= q_pos  # a local window is causal too (GPT-Neo)
+    if window is not None:
+        keep = keep & (q_pos - k_pos < window)
+    return keep
+
+
+def merge_masks(q_len: int, k_len: int, dtype: torch.dtype, device, mask=None, bias=None,
+                causal: bool = False, window: int | None = None) -> torch.Tensor | None:
+    """One SDPA ``attn_mask`` from a padding mask, an additive bias, causality and a window.
+
+    Boolean when every part is boolean, else additive in ``dtype`` (masked entries get the
+    dtype's minimum, as HF's eager masks do, so no row becomes all ``-inf``).
+    """
+    structural = _structural_mask(q_len, k_len, causal, window, device)
+    parts_bool = [m for m in (mask, structural) if m is not None and m.dtype == torch.bool]
+    keep = None
+    for part in parts_bool:
+        keep = part if keep is None else keep & part
+    float_mask = mask if mask is not None and mask.dtype != torch.bool else None
+    if bias is None and float_mask is None:
+        return keep
+    additive = bias.to(dtype) if bias is not None else None
+    if float_mask is not None:
+        float_mask = float_mask.to(dtype)
+        additive = float_mask if additive is None else additive + float_mask
+    if keep is not None:
+        additive = additive.masked_fill(~keep, torch.finfo(dtype).min)
+    return additive
+
+
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              mask: torch.Tensor | None = None, *, bias: torch.Tensor | None = None,
+              causal: bool = False, window: int | None = None, scale: float | None = None,
+              dropout_p: float = 0.0) -> torch.Tensor:
+    """Scaled dot-product attention on ``[B, H, Q, D]`` queries and ``[B, Hkv, K, D]`` keys and
+    values; returns ``[B, H, Q, D]``.
+
+    ``mask``: boolean (True = attend) or additive float, broadcastable to ``[B, H, Q, K]``.
+    ``bias``: additive float scores (T5's relative position bias). ``causal``: bottom-right
+    aligned causal mask. ``window``: local causal attention over the last ``window`` keys.
+    ``scale``: multiplies ``q @ k^T`` (default ``1/sqrt(D)``; GPT-Neo and T5 use 1.0).
+    ``dropout_p``: dropout on the probabilities (pass 0 in evaluation).
+    ``Hkv`` may divide ``H`` (grouped-query attention).
+    """
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    gqa = key.shape[-3] != query.shape[-3]
+    if mask is None and bias is None and window is None and (not causal or q_len == k_len):
+        return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p,
+                                              is_causal=causal and q_len > 1, scale=scale,
+                                              enable_gqa=gqa)
+    attn_mask = merge_masks(q_len, k_len, query.dtype, query.device, mask, bias, causal, window)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
+                                          dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
+
+
+def hf_attention_forward(module: nn.Module, query, key, value, attention_mask, dropout=0.0,
+                         scaling=None, is_causal=None, position_bias=None, **kwargs):
+    """transformers' attention-interface signature on top of ``attention``.
+
+    A mask built by the model already holds causality, so ``module.is_causal`` only applies
+    when the model passed no mask (HF's SDPA masks are None when nothing is padded).
+    Returns ``(output [B, Q, H, D], None)``: attention weights are never materialised.
+    """
+    if kwargs.get("output_attentions"):
+        raise ValueError("slapo's SDPA attention does not return attention weights")
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+    causal = bool(causal) and attention_mask is None and query.shape[-2] > 1
+    out = attention(query, key, value, attention_mask, bias=position_bias, causal=causal,
+                    scale=scaling, dropout_p=dropout)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_hf_attention() -> str:
+    """Register ``hf_attention_forward`` (with HF's SDPA mask builder) in transformers under
+    ``SLAPO_ATTENTION``; idempotent. Returns the name to put in ``config._attn_implementation``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(SLAPO_ATTENTION, hf_attention_forward)
+    AttentionMaskInterface.register(SLAPO_ATTENTION, sdpa_mask)
+    return SLAPO_ATTENTION
+
+
+class CoreAttention(nn.Module):
+    """``attention`` as a module: ``core(q, k, v, mask=None, bias=None)`` on ``[B, H, S, D]``.
+
+    Holds the fixed choices of a layer (causal, local window, scale, probability dropout), so
+    that a schedule can address the attention core as a node, e.g. to ``fork_rng`` it.
+    Dropout applies in training mode only.
+    """
+
+    def __init__(self, causal: bool = False, window: int | None = None,
+                 scale: float | None = None, dropout: float = 0.0):
+        super().__init__()
+        self.causal, self.window, self.scale, self.dropout = causal, window, scale, dropout
+
+    def forward(self, query, key, value, mask=None, bias=None):
+        return attention(query, key, value, mask, bias=bias, causal=self.causal,
+                         window=self.window, scale=self.scale,
+                         dropout_p=self.dropout if self.training else 0.0)
+
+    def extra_repr(self) -> str:
+        return (f"causal={self.causal}, window={self.window}, scale={self.scale}, "
+                f"dropout={self.dropout}")
