@@ -12,13 +12,13 @@ export TRANSFORMERS_OFFLINE := 1
 export DS_BUILD_OPS := 0
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 
-.PHONY: venv test reproduce clean
+.PHONY: venv test reproduce clean docker docker-test
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[all]'
+	$(PY) -m pip install --quiet -e '.[all,lint]'
 	touch $@
 
 test: $(STAMP)
@@ -29,3 +29,11 @@ reproduce: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
+
+# The image on the paper's CUDA 11.7 base (needs Docker Hub, PyPI and PyTorch's wheel index).
+docker:
+	docker build -f docker/Dockerfile -t slapo-ae .
+
+# The CPU image from a local Debian base, built and run offline (root; docs/docker.md).
+docker-test:
+	bash docker/ci_test.sh
