@@ -1,0 +1,60 @@
+"""The systems the harness runs a case under, one module each, selected by the case's mode.
+
+| mode              | module             | what trains                                         |
+|-------------------|--------------------|-----------------------------------------------------|
+| megatron          | megatron.py        | megatron-core's own model, TP = ranks               |
+| slapo-megatron    | slapo_tp.py        | HF model + Slapo schedule, TP = ranks (Slapo-TP)    |
+| deepspeed         | deepspeed_zero3.py | HF model on DeepSpeed ZeRO-3                        |
+| slapo-deepspeed   | slapo_zero3.py     | HF model + Slapo schedule on ZeRO-3 (Slapo-ZeRO3)   |
+| eager             | eager.py           | HF model as is, data parallel (Figure 9: Vanilla)   |
+| slapo-kernel      | slapo_tp.py        | + Kernel Opt (no TP)                                |
+| slapo-tp-attn-ffn | slapo_tp.py        | + Attn/FFN TP (embedding whole)                     |
+| slapo-tp-full     | slapo_tp.py        | + Embedding TP                                      |
+| torchscript       | (here)             | always ``unsupported``                              |
+
+The protocol is in :mod:`.base`. Modules are imported lazily: choosing ``eager`` never
+imports DeepSpeed or megatron-core.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .base import DistContext, System, Unsupported
+
+_MODULES = {
+    "megatron": ("megatron", "MegatronSystem"),
+    "slapo-megatron": ("slapo_tp", "SlapoTPSystem"),
+    "slapo-tp-full": ("slapo_tp", "SlapoTPFullSystem"),
+    "slapo-tp-attn-ffn": ("slapo_tp", "SlapoTPAttnFFNSystem"),
+    "slapo-kernel": ("slapo_tp", "SlapoKernelSystem"),
+    "deepspeed": ("deepspeed_zero3", "DeepSpeedZero3System"),
+    "slapo-deepspeed": ("slapo_zero3", "SlapoZero3System"),
+    "eager": ("eager", "EagerSystem"),
+}
+
+
+class TorchScriptSystem(System):
+    mode = "torchscript"
+    description = "the original benchmark's TorchScript mode"
+
+    @classmethod
+    def check(cls, spec) -> None:
+        raise Unsupported("torchscript mode is not implemented by this harness (the original "
+                          "benchmark's TorchScript path does not apply to current PyTorch)")
+
+
+def get_system(mode: str) -> type[System]:
+    """The system class of ``mode``; ``KeyError`` for an unknown mode."""
+    if mode == "torchscript":
+        return TorchScriptSystem
+    if mode not in _MODULES:
+        raise KeyError(f"unknown mode {mode!r}; known: {', '.join(list(_MODULES) + ['torchscript'])}")
+    module, name = _MODULES[mode]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def modes() -> list[str]:
+    return list(_MODULES) + ["torchscript"]
+
+
+__all__ = ["DistContext", "System", "Unsupported", "get_system", "modes"]

@@ -1,0 +1,189 @@
+"""The harness CLI without training: ``cases``, usage errors, cases recorded as unsupported
+before any rank starts, and the parent's verdict on dead ranks (from status files)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness_util import TINY, slapo_bench
+from slapo.bench import cli
+from slapo.bench.record import read_record
+from slapo.bench.runspec import RunSpec, default_timeout
+
+
+def test_cases_expands_a_shipped_cfg(capsys):
+    assert cli.main(["cases", "configs/e2e/single_node_asplos24.cfg", "--format", "json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert len(found) == 72
+    assert len({c["id"] for c in found}) == 72
+    first = found[0]
+    assert first["id"] == "megatron__bert-xlarge__g2__s512__b20__c0"
+    assert first["source"].endswith("single_node_asplos24.cfg") and first["line"] > 0
+
+
+def test_cases_text_and_pow2(tmp_path, capsys):
+    cfg = tmp_path / "pow2.cfg"
+    cfg.write_text('slapo-megatron bert-tiny pow2 16 0 "4*n" 0.5\n')
+    assert cli.main(["cases", str(cfg), "--max-gpus", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in lines] == [
+        f"slapo-megatron__bert-tiny__g{n}__s16__b{4 * n}__c0.5" for n in (1, 2, 4)]
+
+
+def test_cases_malformed_cfg_exits_nonzero_with_file_and_line(tmp_path):
+    cfg = tmp_path / "bad.cfg"
+    cfg.write_text("# fine comment\n"
+                   "eager bert-tiny 2 16 0 4 0\n"
+                   "eagre bert-tiny 2 16 0 4 0\n"
+                   "deepspeed bert-tiny 2 16 0 \"__import__('os')\" 0\n"
+                   "eager no-such-model 2 16 0 4 0\n")
+    proc = slapo_bench("cases", cfg)  # the real command line, as a workflow calls it
+    assert proc.returncode == 2
+    errors = proc.stderr.strip().splitlines()
+    assert [e.split(": ")[0] for e in errors] == [f"{cfg}:3", f"{cfg}:4", f"{cfg}:5"]
+    assert "did you mean eager" in errors[0]
+    assert "unknown model 'no-such-model'" in errors[2]
+    assert proc.stdout == ""
+
+
+def test_cases_missing_file(tmp_path, capsys):
+    assert cli.main(["cases", str(tmp_path / "nope.cfg")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_run_unknown_model_is_a_clear_usage_error(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = cli.main(["run", "--mode", "eager", "--model", "bert-tinyy", *TINY, "--out", str(out)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'bert-tinyy'" in err and "Did you mean 'bert-tiny'" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mode", "eager", "--steps", "2", "--warmup", "2"], "must exceed --warmup"),
+    (["--mode", "megatron", "--ckpt", "0.5"], "--ckpt"),
+    (["--mode", "eager", "--ckpt", "full"], "--ckpt"),
+    (["--mode", "eager", "--batch-size", "n/3"], "--batch-size"),
+    (["--mode", "slapo-magatron"], "unknown mode"),
+    (["--mode", "eager", "--override", "hidden_sise=64"], "--override"),
+])
+def test_run_usage_errors(tmp_path, capsys, args, message):
+    base = {"--model": "bert-tiny", "--gpus": "2", "--seq-len": "16", "--batch-size": "4",
+            "--steps": "3", "--warmup": "1", "--out": str(tmp_path / "r.json")}
+    for key, value in zip(args[::2], args[1::2]):
+        base[key] = value
+    argv = ["run"] + [x for kv in base.items() for x in kv]
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("mode, model, extra, reason", [
+    ("torchscript", "bert-tiny", [], "torchscript mode"),
+    ("megatron", "roberta-tiny", [], "Megatron-LM has no RoBERTa"),
+    ("megatron", "opt-tiny", [], "Megatron-LM has no OPT"),
+    ("megatron", "wideresnet-tiny", [], "Megatron-LM has no WideResNet"),
+    ("eager", "bert-tiny", ["--dtype", "fp16"], "fp16 on CPU"),
+    ("slapo-deepspeed", "bert-tiny", ["--dtype", "bf16"], "bf16 on CPU"),
+])
+def test_unsupported_is_recorded_without_launching(tmp_path, capsys, mode, model, extra, reason):
+    out = tmp_path / "r.json"
+    rc = cli.main(["run", "--mode", mode, "--model", model, *TINY, "--device", "cpu",
+                   "--out", str(out), "--case-id", "my-id", *extra])
+    assert rc == 0
+    record = read_record(out)
+    assert record.status == "unsupported" and reason in record.reason
+    assert record.id == "my-id"
+    assert record.metrics.samples_per_s is None and record.metrics.loss == []
+    assert record.env["torch"] and record.log_path == str(out.with_suffix(".log"))
+    assert "not launched" in out.with_suffix(".log").read_text()
+    assert f"my-id: unsupported: {reason}" in capsys.readouterr().out
+
+
+def test_family_without_schedule_is_unsupported(monkeypatch):
+    """schedule_model's NotImplementedError (a family with no schedule) -> Unsupported."""
+    import torch
+
+    import slapo.model_schedule as model_schedule
+    from slapo.bench.systems import DistContext, Unsupported
+    from slapo.bench.systems.slapo_tp import scheduled_model
+
+    monkeypatch.setattr(model_schedule, "_family_schedules", lambda: {})
+    spec = _spec(mode="slapo-megatron")
+    with pytest.raises(Unsupported, match="no Slapo schedule: no schedule for the bert family"):
+        scheduled_model(spec, DistContext(0, 1, 0, torch.device("cpu")), tensor_parallel=True,
+                        shard_embedding=True, kernel_opt=True)
+
+
+def test_default_timeouts():
+    assert default_timeout("cuda", 40) == 1800
+    assert default_timeout("cpu", 6) == 600 + 120 * 6
+
+
+# -- the parent's verdict when rank 0 wrote no record -------------------------------------
+def _spec(tmp_path=None, **fields):
+    base = dict(mode="eager", model="bert-tiny", gpus=2, seq_len=16, dec_seq_len=0,
+                batch_size=4, batch_expr="4", ckpt=0.0, steps=3, warmup=1, dtype="fp32",
+                device="cpu", out=str(Path(tmp_path or "/nonexistent") / "r.json"),
+                log=None, timeout=30.0, run_id="run-1", launch_time=0.0)
+    base.update(fields)
+    return RunSpec(**base)
+
+
+def _rank_file(rundir, rank, status, reason, t, traceback=""):
+    (rundir / f"rank{rank}.json").write_text(json.dumps(
+        {"rank": rank, "status": status, "reason": reason, "time": t, "traceback": traceback}))
+
+
+def test_conclude_prefers_oom_and_keeps_the_traceback(tmp_path):
+    from slapo.bench.launch import conclude
+
+    log = tmp_path / "r.log"
+    log.write_text("[slapo-bench rank 0] step 1/3: 0.1 s (warm-up)\nlast line of the log\n")
+    spec = _spec(tmp_path, log=str(log))
+    _rank_file(tmp_path, 0, "failed", "rank 0: RuntimeError: gloo peer died", 2.0)
+    _rank_file(tmp_path, 1, "oom", "rank 1: OutOfMemoryError: CUDA out of memory", 1.0,
+               "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory")
+    record = conclude(spec, 1, False, tmp_path)
+    assert record.status == "oom"
+    head, *rest = record.reason.splitlines()
+    assert head == "out of memory: rank 1: OutOfMemoryError: CUDA out of memory"
+    assert "--- rank 1 traceback ---" in rest and "last line of the log" in rest
+    assert record.metrics.extra["rank_status"] == {"0": "failed", "1": "oom"}
+
+
+def test_conclude_failed_timeout_and_silent_death(tmp_path):
+    from slapo.bench.launch import conclude
+
+    log = tmp_path / "r.log"
+    log.write_text("[slapo-bench rank 0] step 2/3: 0.1 s\n")
+    spec = _spec(tmp_path, log=str(log))
+    record = conclude(spec, None, True, tmp_path)
+    assert record.status == "failed"
+    assert record.reason.startswith("timeout: killed after 30 s")
+    assert "last progress: [slapo-bench rank 0] step 2/3" in record.reason.splitlines()[0]
+
+    record = conclude(spec, -9, False, tmp_path)
+    assert record.status == "failed"
+    assert record.reason.splitlines()[0] == "torchrun was killed by SIGKILL before a record was written"
+
+    _rank_file(tmp_path, 1, "failed", "rank 1: ValueError: bad", 1.0, "Traceback\nValueError: bad")
+    record = conclude(spec, 1, False, tmp_path)
+    assert record.reason.splitlines()[0] == "rank 1: ValueError: bad (torchrun exited with code 1)"
+
+
+def test_fault_injection_parsing(monkeypatch):
+    from slapo.bench import worker
+
+    monkeypatch.setenv(worker.FAULT_ENV, "hang@1")
+    assert worker.injected_fault(1, "step") == "hang"
+    assert worker.injected_fault(0, "step") is None
+    assert worker.injected_fault(1, "setup") is None
+    monkeypatch.setenv(worker.FAULT_ENV, "oom:setup")
+    assert worker.injected_fault(0, "setup") == worker.injected_fault(1, "setup") == "oom"
+    assert worker.injected_fault(0, "step") is None
+    monkeypatch.delenv(worker.FAULT_ENV)
+    assert worker.injected_fault(0, "step") is None

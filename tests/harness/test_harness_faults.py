@@ -1,0 +1,53 @@
+"""Failures are data: a crashing rank, a rank out of memory and a hung collective each end in
+one record (``failed``/``oom``), and ``run`` still exits 0.
+
+The crash is a real one (a sequence longer than bert-tiny's 512 positions) in the first
+step; the OOM and the hang are injected on rank 1 just before set-up with
+``SLAPO_BENCH_FAULT=<kind>@1:setup`` (slapo/bench/worker.py), which keeps those launches
+short: rank 0 goes on and blocks in DDP's first broadcast, waiting for rank 1.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness_util import TINY, run_case
+
+pytestmark = pytest.mark.slow
+
+
+def test_crashing_rank_gives_failed_with_traceback_and_log_tail(tmp_path):
+    args = [a if a != "16" else "600" for a in TINY]  # seq len 600 > 512 positions
+    _, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny", *args)
+    assert record.status == "failed"
+    head = record.reason.splitlines()[0]
+    assert head.startswith("rank ") and "RuntimeError" in head and "600" in head
+    assert "(torchrun exited with code 1)" in head
+    assert "traceback ---" in record.reason and "--- log tail" in record.reason
+    assert record.metrics.samples_per_s is None and record.log_path.endswith("r.log")
+
+
+def test_oom_on_one_rank_gives_oom(tmp_path):
+    _, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny", *TINY,
+                         SLAPO_BENCH_FAULT="oom@1:setup")
+    assert record.status == "oom"
+    assert record.reason.splitlines()[0].startswith("out of memory: rank 1: OutOfMemoryError")
+
+
+def test_hung_collective_is_killed_after_the_timeout(tmp_path):
+    proc, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny",
+                            *TINY, "--timeout", "40", SLAPO_BENCH_FAULT="hang@1:setup")
+    assert record.status == "failed"
+    assert record.reason.startswith("timeout: killed after 40 s")
+    assert record.metrics.extra["timed_out"] is True
+    assert ": failed: timeout" in proc.stdout
+    run_id = record.metrics.extra["run_id"]  # every process of the launch is gone
+    assert not [p for p in Path("/proc").glob("[0-9]*") if _cmdline_has(p, run_id)]
+
+
+def _cmdline_has(proc_dir: Path, text: str) -> bool:
+    try:
+        return text.encode() in (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return False

@@ -1,0 +1,94 @@
+"""Every system trains a tiny case on 2 CPU ranks (real torchrun launches) and writes a valid
+record; Slapo-TP and the plain model follow the same loss trajectory.
+
+Loss equality: ``slapo-megatron`` (TP over 2 ranks, every rank the whole batch) against
+``eager`` (DDP over 2 ranks, half the batch each, losses averaged), bert-tiny, fp32, dropout
+off (``--no-dropout``), AdamW lr 1e-4, 3 steps: every step's loss agrees to a relative
+1e-5 (measured: about 1e-7).
+
+The launches run once per module (20 to 70 s each on 2 cores, depending on load), hence
+``slow``.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from harness_util import TINY, run_case
+
+# the module's launches run in the fixture of the first test: allow for a busy machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+LOSS_RTOL = 1e-5
+CASES = {
+    "eager": ["--mode", "eager", "--model", "bert-tiny", *TINY, "--no-dropout"],
+    "slapo-megatron": ["--mode", "slapo-megatron", "--model", "bert-tiny", *TINY, "--no-dropout"],
+    "deepspeed": ["--mode", "deepspeed", "--model", "bert-tiny", *TINY, "--ckpt", "1"],
+    "slapo-deepspeed": ["--mode", "slapo-deepspeed", "--model", "bert-tiny", *TINY,
+                        "--ckpt", "0.5"],
+    "megatron": ["--mode", "megatron", "--model", "gpt-neo-tiny", *TINY, "--ckpt", "full"],
+    "slapo-tp-attn-ffn": ["--mode", "slapo-tp-attn-ffn", "--model", "bert-tiny", *TINY],
+}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    root = tmp_path_factory.mktemp("records")
+    return {name: run_case(root / f"{name}.json", *args)[1] for name, args in CASES.items()}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_system_writes_a_valid_record(records, name):
+    record = records[name]
+    assert record.status == "ok", record.reason
+    m = record.metrics
+    assert len(m.loss) == 3 and all(math.isfinite(x) and 5 < x < 9 for x in m.loss)
+    assert len(m.step_times) == 3 and m.warmup_steps == 1 and m.spread["steps"] == 2
+    assert m.samples_per_s > 0 and m.spread["min"] <= m.samples_per_s <= m.spread["max"]
+    assert m.flops_per_sample > 0 and m.tflops_per_gpu > 0 and m.mfu is None  # CPU: no peak
+    assert len(m.peak_mem_bytes) == 2 and min(m.peak_mem_bytes) > 50e6  # peak RSS per rank
+    assert len(m.params) == 2 and min(m.params) > 0
+    assert record.env["device_name"].startswith("cpu") and record.env["world_size"] == 2
+    assert record.env["backend"] == "gloo" and record.env["torch"]
+    assert record.case["gpus"] == 2 and record.case["batch_size"] == 4
+    t = m.extra["timeline"]
+    assert (t["launch"] < t["worker_start"] < t["dist_ready"] < t["setup_done"]
+            <= t["first_step_start"] < t["first_step_end"] <= t["train_end"])
+    assert m.extra["launch_to_first_step_s"] == pytest.approx(t["first_step_start"] - t["launch"])
+    log = open(record.log_path).read()
+    assert re.search(r"^\[slapo-bench rank 0\] [0-9:.]+ step 3/3: ", log, re.M)
+
+
+def test_slapo_tp_follows_the_plain_model(records):
+    eager, tp = records["eager"].metrics, records["slapo-megatron"].metrics
+    assert tp.loss == pytest.approx(eager.loss, rel=LOSS_RTOL)
+    assert tp.loss[0] != tp.loss[1]  # the optimizer moved
+
+
+def test_batch_split_and_sharding(records):
+    info = {name: r.metrics.extra for name, r in records.items()}
+    params = {name: r.metrics.params for name, r in records.items()}
+    assert (info["eager"]["dp_size"], info["eager"]["micro_batch"]) == (2, 2)
+    assert (info["deepspeed"]["dp_size"], info["deepspeed"]["micro_batch"]) == (2, 2)
+    for name in ("slapo-megatron", "megatron", "slapo-tp-attn-ffn"):
+        assert (info[name]["tp_size"], info[name]["micro_batch"]) == (2, 4)
+    full = params["eager"][0]
+    assert params["slapo-megatron"][0] < params["slapo-tp-attn-ffn"][0] < full  # embedding too
+    assert abs(params["deepspeed"][0] - full / 2) < 0.01 * full  # ZeRO-3 partitions
+
+
+def test_notes_say_what_differs(records):
+    gpt = records["megatron"].metrics.extra["notes"]
+    assert any("local (windowed) attention" in n for n in gpt)
+    assert any("gradient checkpointing" in n for n in records["deepspeed"].metrics.extra["notes"])
+
+
+def test_batch_not_divisible_is_unsupported_inside_the_ranks(tmp_path):
+    _, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny",
+                         "--gpus", "2", "--seq-len", "16", "--batch-size", "3", "--steps", "2",
+                         "--warmup", "1")
+    assert record.status == "unsupported"
+    assert record.reason == "global batch 3 is not divisible by 2 data-parallel ranks"
+    assert record.metrics.samples_per_s is None
