@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest
 
+# The evaluation workflow for the profile that fits this machine (cpu when no GPU is visible);
+# pass e.g. SNAKEMAKE_ARGS="--config profile=paper --resources gpus=8".
 reproduce: $(STAMP)
-	$(VENV)/bin/torchrun --nproc_per_node 2 examples/quickstart.py
+	$(VENV)/bin/snakemake --workflow-profile workflow/profiles/default $(SNAKEMAKE_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,282 @@
+"""Run one benchmark case through the harness CLI and make sure one record results.
+
+    python -m slapo.bench.workflow.run_case --spec JSON --timeout S --out REC.json \\
+        --log CASE.log [--harness "python -m slapo.bench.cli"] [--slots-dir D --slots-total T]
+
+``--spec`` is the case's job spec (:func:`slapo.bench.workflow.plan.case_spec`), ``--timeout``
+its time limit in seconds. GPU slots come from ``--slots-dir``/``--slots-total`` or the
+environment the workflow sets (``SLAPO_GPU_SLOTS_DIR``, ``SLAPO_GPU_SLOTS_TOTAL``). The runner
+
+1. on CUDA, takes the case's GPUs from the slot allocator (:mod:`.gpu_slots`) and sets
+   ``CUDA_VISIBLE_DEVICES``; a case needing more GPUs than the machine has is recorded as
+   ``unsupported`` without running; on CPU it hides CUDA (``CUDA_VISIBLE_DEVICES=""``);
+2. runs ``<harness> run --mode ... --out REC.json --log CASE.log`` with the offline and
+   one-thread environment, in its own process group, under a hard timeout (the case's
+   timeout plus ``--grace``, default :data:`GRACE_S`);
+3. if the harness left no valid record (it crashed, was killed, timed out), writes a
+   ``failed`` record itself, with the reason and the log path: failures are data, and a
+   failing case never stops the figures of the others.
+
+If the runner itself is interrupted (SIGINT/SIGTERM/SIGHUP, e.g. Snakemake being stopped), it
+stops the harness and exits without writing a record, so the case reruns next time. Records
+are only ever written atomically (:func:`slapo.bench.record.write_record`).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from slapo.bench.record import Record, RecordError, collect_env, now, read_record, write_record
+from slapo.bench.workflow.gpu_slots import GpuSlots
+
+GRACE_S = 120  # the hard timeout is the case's timeout plus this
+KILL_WAIT_S = 10  # after SIGTERM, how long to wait before SIGKILL
+DEFAULT_HARNESS = "python -m slapo.bench.cli"
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+               "TOKENIZERS_PARALLELISM": "false", "DS_BUILD_OPS": "0"}
+_PR_SET_PDEATHSIG = 1
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+
+def harness_command(harness: str, spec: dict, out: str, log: str) -> list[str]:
+    """The harness CLI call for ``spec`` (``slapo-bench run`` contract)."""
+    cmd = shlex.split(harness)
+    if cmd and cmd[0] in ("python", "python3"):
+        cmd[0] = sys.executable
+    return cmd + [
+        "run", "--mode", spec["mode"], "--model", spec["model"],
+        "--gpus", str(spec["gpus"]), "--seq-len", str(spec["seq_len"]),
+        "--dec-seq-len", str(spec["dec_seq_len"]), "--batch-size", str(spec["batch_size"]),
+        "--ckpt", str(spec["ckpt"]), "--steps", str(spec["steps"]),
+        "--warmup", str(spec["warmup"]), "--dtype", spec["dtype"],
+        "--timeout", str(spec["timeout"]), "--case-id", spec["case_id"],
+        "--device", spec["device"],
+        "--out", out, "--log", log,
+    ]
+
+
+def case_dict(spec: dict) -> dict:
+    """The record's ``case`` for a record the runner writes itself."""
+    ckpt = spec["ckpt"]
+    try:
+        ckpt = None if spec["mode"] == "megatron" and ckpt == "0" else float(ckpt)
+    except ValueError:
+        pass
+    return {"id": spec["case_id"], "mode": spec["mode"], "model": spec["model"],
+            "gpus": spec["gpus"], "seq_len": spec["seq_len"], "dec_seq_len": spec["dec_seq_len"],
+            "batch_size": spec["batch_size"], "batch_expr": str(spec["batch_size"]), "ckpt": ckpt}
+
+
+def _device(spec: dict, visible: str | None) -> dict:
+    if spec["device"] != "cuda":
+        return {"device_name": f"cpu ({platform.machine()})", "device_count": 0, "cuda": None}
+    name = None
+    try:
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        if visible:
+            query += ["-i", visible.split(",")[0]]
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10)
+        name = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        pass
+    return {"device_name": name or "cuda (unknown)", "device_count": spec["gpus"], "cuda": None}
+
+
+def write_own_record(spec: dict, out: str, log: str, status: str, reason: str,
+                     visible: str | None = None, started: str | None = None) -> None:
+    record = Record(status=status, case=case_dict(spec), reason=reason,
+                    env=collect_env(_device(spec, visible)), log_path=log,
+                    started_at=started or now(), finished_at=now())
+    record.metrics.extra["recorded_by"] = "slapo.bench.workflow.run_case"
+    write_record(record, out)
+
+
+def _valid_record(out: str) -> bool:
+    if not Path(out).is_file():
+        return False
+    try:
+        read_record(out)
+    except RecordError:
+        return False
+    return True
+
+
+def _set_pdeathsig():  # runs in the child: die with the runner even if it is SIGKILLed
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the harness's process group, then SIGKILL it if it lingers."""
+    for sig, wait in ((signal.SIGTERM, KILL_WAIT_S), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class _Notes:
+    """The runner's own log lines, and the harness's stdout/stderr (kept in a temporary
+    file). The harness writes the case log itself (``--log``, truncating it), so both are
+    appended to that log once the harness has exited."""
+
+    def __init__(self, log: str):
+        self.log = log
+        self.lines = []
+        self.output = tempfile.TemporaryFile(mode="w+")
+
+    def __call__(self, text: str) -> None:
+        self.lines.append(f"[run_case {now()}] {text}")
+
+    def flush(self) -> None:
+        self.output.seek(0)
+        captured = self.output.read()
+        with open(self.log, "a") as handle:
+            handle.write("\n# --- slapo.bench.workflow.run_case ---\n")
+            handle.write("\n".join(self.lines) + "\n")
+            if captured.strip():
+                handle.write("# --- harness stdout/stderr ---\n" + captured)
+                if not captured.endswith("\n"):
+                    handle.write("\n")
+        self.lines = []
+        self.output.close()
+
+
+def run(spec: dict, out: str, log: str, harness: str = DEFAULT_HARNESS,
+        slots_dir: str | None = None, slots_total: int | None = None,
+        grace: float = GRACE_S) -> int:
+    """Run the case; returns 0 once a record is at ``out`` (see the module docstring)."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).unlink(missing_ok=True)  # only a record of this run counts
+    Path(log).write_text("")
+    note = _Notes(log)
+    try:
+        return _run(spec, out, log, harness, slots_dir, slots_total, grace, note)
+    finally:
+        note.flush()
+
+
+def _run(spec, out, log, harness, slots_dir, slots_total, grace, note) -> int:
+    started = now()
+    env = dict(os.environ)
+    for key, value in OFFLINE_ENV.items():
+        env.setdefault(key, value)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(".cache/torch_extensions").resolve()))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    note(f"case {spec['case_id']}: {json.dumps(spec, sort_keys=True)}")
+    alloc = None
+    if spec["device"] == "cuda" and slots_total is not None and slots_dir:
+        slots = GpuSlots(slots_dir, slots_total, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if spec["gpus"] > slots_total:
+            reason = f"needs {spec['gpus']} GPUs, this machine offers {slots_total}"
+            note(f"unsupported: {reason}")
+            write_own_record(spec, out, log, "unsupported", reason, started=started)
+            return 0
+        t0 = time.monotonic()
+        alloc = slots.acquire(spec["gpus"])
+        note(f"GPU slots {alloc.slots} of {slots_total} in {slots_dir} "
+             f"(waited {time.monotonic() - t0:.1f} s)")
+        env["CUDA_VISIBLE_DEVICES"] = alloc.visible_devices
+    elif spec["device"] != "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    cmd = harness_command(harness, spec, out, log)
+    note(f"CUDA_VISIBLE_DEVICES={visible!r}; running: {shlex.join(cmd)}")
+
+    def on_signal(signum, frame):
+        raise Interrupted(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    proc = None
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=note.output, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_set_pdeathsig,
+                                pass_fds=tuple(alloc.fds) if alloc else ())
+        t0 = time.monotonic()
+        try:
+            rc = proc.wait(timeout=spec["timeout"] + grace)
+            reason = f"the harness exited with code {rc} and wrote no valid record"
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            rc = None
+            reason = (f"killed after {time.monotonic() - t0:.0f} s: over the case's "
+                      f"timeout ({spec['timeout']} s) plus {grace:g} s")
+    except Interrupted as err:
+        if proc is not None:
+            _stop(proc)
+        note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
+        return 128 + err.signum
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if alloc is not None:
+            alloc.release()
+    if rc is not None and rc < 0:
+        reason = f"the harness was killed by signal {-rc} and wrote no valid record"
+    if _valid_record(out):
+        note(f"done: record at {out} (harness exit code {rc})")
+        return 0
+    note(f"failed: {reason}")
+    write_own_record(spec, out, log, "failed", f"{reason}; see {log}", visible, started)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Run one benchmark case; always leaves a record.")
+    parser.add_argument("--spec", required=True, help="the case's job spec, JSON")
+    parser.add_argument("--out", required=True, help="the record, JSON")
+    parser.add_argument("--log", required=True, help="the case's log")
+    parser.add_argument("--harness", default=DEFAULT_HARNESS,
+                        help="command of the harness CLI (default: %(default)s)")
+    add_slot_args(parser)
+    parser.add_argument("--timeout", type=int, default=None,
+                        help="seconds the harness may run the case (default: the spec's)")
+    parser.add_argument("--grace", type=float, default=GRACE_S,
+                        help="seconds past the case's timeout before the harness is killed")
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec)
+    if args.timeout is not None:
+        spec["timeout"] = args.timeout
+    if "timeout" not in spec:
+        parser.error("no timeout: give --timeout or put it in the spec")
+    return run(spec, args.out, args.log, args.harness, args.slots_dir, args.slots_total,
+               args.grace)
+
+
+def add_slot_args(parser) -> None:
+    """``--slots-dir`` / ``--slots-total``, defaulting to the environment the workflow sets
+    (:func:`slapo.bench.workflow.plan.export_slots`)."""
+    total = os.environ.get("SLAPO_GPU_SLOTS_TOTAL")
+    parser.add_argument("--slots-dir", default=os.environ.get("SLAPO_GPU_SLOTS_DIR"),
+                        help="GPU slot lock folder (CUDA only; default $SLAPO_GPU_SLOTS_DIR)")
+    parser.add_argument("--slots-total", type=int, default=int(total) if total else None,
+                        help="GPUs on this machine (default $SLAPO_GPU_SLOTS_TOTAL)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""A stand-in for the harness CLI in the workflow's tests: same arguments, instant records.
+
+    python tests/workflow/fake_harness.py run --mode M --model X ... --out REC.json --log L
+
+It writes a valid record at once, with a made-up throughput that depends only on the case
+(so tests can predict the figures and claims). What it does per case is steered by the JSON
+file named in ``$FAKE_HARNESS_PLAN``, keyed by case id, mode or ``"*"``::
+
+    {"<case-id>": {"sleep": 5, "status": "failed", "reason": "...", "crash": true,
+                   "samples_per_s": 3.0}}
+
+``crash``: exit 3 without a record (the runner must then record the failure). Every call
+appends one JSON line ``{case_id, start, end, cuda_visible_devices, pid}`` to
+``$FAKE_HARNESS_TRACE`` when that is set (used to check GPU packing).
+
+These records are test fixtures, never published results.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow" / "scripts"))
+from run_module import light_slapo  # noqa: E402
+
+light_slapo()
+
+from slapo.bench.record import Record, write_record  # noqa: E402
+
+RATES = {"megatron": 10.0, "deepspeed": 12.0, "slapo-megatron": 15.0, "slapo-deepspeed": 14.0,
+         "eager": 5.0, "slapo-kernel": 7.0, "slapo-tp-attn-ffn": 9.0, "slapo-tp-full": 11.0}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=["run"])
+    for flag in ("--mode", "--model", "--ckpt", "--dtype", "--out", "--log", "--case-id",
+                 "--device"):
+        parser.add_argument(flag, required=flag in ("--mode", "--model", "--out"))
+    for flag in ("--gpus", "--seq-len", "--dec-seq-len", "--batch-size", "--steps", "--warmup",
+                 "--timeout"):
+        parser.add_argument(flag, type=int, default=0)
+    args = parser.parse_args(argv)
+    plan = {}
+    if os.environ.get("FAKE_HARNESS_PLAN"):
+        plan = json.loads(Path(os.environ["FAKE_HARNESS_PLAN"]).read_text())
+    todo = {**plan.get("*", {}), **plan.get(args.mode, {}), **plan.get(args.case_id, {})}
+    start = time.time()
+    if args.log:
+        with open(args.log, "a") as log:
+            log.write(f"fake harness: {args.case_id} plan {todo}\n")
+    time.sleep(float(todo.get("sleep", 0)))
+    end = time.time()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if os.environ.get("FAKE_HARNESS_TRACE"):
+        with open(os.environ["FAKE_HARNESS_TRACE"], "a") as trace:
+            trace.write(json.dumps({"case_id": args.case_id, "gpus": args.gpus, "start": start,
+                                    "end": end, "cuda_visible_devices": visible,
+                                    "pid": os.getpid()}) + "\n")
+    if todo.get("crash"):
+        print("fake harness: crashing as planned", file=sys.stderr)
+        return 3
+    status = todo.get("status", "ok")
+    rate = todo.get("samples_per_s", RATES.get(args.mode, 1.0) * args.gpus)
+    case = {"id": args.case_id, "mode": args.mode, "model": args.model, "gpus": args.gpus,
+            "seq_len": args.seq_len, "dec_seq_len": args.dec_seq_len,
+            "batch_size": args.batch_size, "batch_expr": str(args.batch_size),
+            "ckpt": args.ckpt}
+    metrics = {"samples_per_s": rate if status == "ok" else None,
+               "spread": {"min": rate * 0.9, "max": rate * 1.1, "q1": rate, "q3": rate,
+                          "iqr": 0.0, "stdev": 0.0, "steps": args.steps - args.warmup},
+               "step_times": [args.batch_size / rate] * args.steps if status == "ok" else [],
+               "warmup_steps": args.warmup}
+    env = {"device_name": "FakeGPU" if visible else "cpu (fake)",
+           "device_count": args.gpus if visible else 0, "hostname": "testhost",
+           "torch": "fake", "cuda_visible_devices": visible}
+    write_record(Record(status=status, case=case, reason=todo.get("reason", ""),
+                        metrics=metrics, env=env, log_path=args.log), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Aggregation, figures, Table 4 and the claim checks, on small hand-written records
+(test fixtures, never published results)."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from slapo.bench import aggregate, claims, plots, table4
+from slapo.bench.record import Record, write_record
+
+REPO = Path(__file__).resolve().parents[2]
+CPU = {"device_name": "cpu (x86_64)", "device_count": 0, "hostname": "h"}
+GPU = {"device_name": "NVIDIA H200", "device_count": 8, "hostname": "g"}
+
+
+def rec(tmp_path, experiment, mode, model, gpus, rate=None, status="ok", env=CPU, batch=8,
+        reason=""):
+    case = {"id": f"{mode}__{model}__g{gpus}", "mode": mode, "model": model, "gpus": gpus,
+            "seq_len": 64, "dec_seq_len": 0, "batch_size": batch, "batch_expr": str(batch),
+            "ckpt": 0.0}
+    metrics = {"samples_per_s": rate, "peak_mem_bytes": [2**30, 2**31],
+               "spread": {"min": rate, "max": rate, "iqr": 0, "stdev": 0, "steps": 4}
+               if rate else None}
+    path = tmp_path / "results" / experiment / "p" / f"{case['id']}.json"
+    write_record(Record(status=status, case=case, reason=reason, metrics=metrics,
+                        env=dict(env)), path)
+    return path
+
+
+def e2e_records(tmp_path, env=CPU):
+    rows = [("megatron", 10), ("deepspeed", 12), ("slapo-megatron", 15), ("slapo-deepspeed", 14)]
+    paths = [rec(tmp_path, "e2e", m, "bert-xlarge", 2, r, env=env) for m, r in rows]
+    paths += [rec(tmp_path, "e2e", "megatron", "roberta-xlarge", 2, status="unsupported",
+                  env=env),
+              rec(tmp_path, "e2e", "deepspeed", "roberta-xlarge", 2, 20, env=env),
+              rec(tmp_path, "e2e", "slapo-megatron", "roberta-xlarge", 2, 18, env=env),
+              rec(tmp_path, "e2e", "slapo-deepspeed", "roberta-xlarge", 2, status="oom",
+                  env=env)]
+    return paths
+
+
+def ablation_records(tmp_path, rates=(5, 7, 9, 11)):
+    steps = [("eager", 1), ("slapo-kernel", 1), ("slapo-tp-attn-ffn", 2), ("slapo-tp-full", 2)]
+    return [rec(tmp_path, "ablation", m, "bert-xlarge", g, r, status="ok" if r else "failed")
+            for (m, g), r in zip(steps, rates)]
+
+
+def test_table_has_one_row_per_record(tmp_path):
+    df = aggregate.table(e2e_records(tmp_path), REPO)
+    assert len(df) == 8 and list(df.columns) == aggregate.COLUMNS
+    row = df[df["case_id"] == "slapo-megatron__bert-xlarge__g2"].iloc[0]
+    assert (row["experiment"], row["profile"], row["system"]) == ("e2e", "p", "Slapo-TP")
+    assert row["model_label"] == "BERT-1B" and row["peak_mem_gib"] == 2.0
+    assert row["samples_per_s"] == 15 and row["device_name"] == "cpu (x86_64)"
+    oom = df[df["status"] == "oom"].iloc[0]
+    assert pd.isna(oom["samples_per_s"])
+    # systems in Figure 7's order within a model and GPU count
+    assert list(df[df["model"] == "bert-xlarge"]["mode"]) == list(aggregate.SYSTEMS)
+
+
+def test_ablation_table_speedups(tmp_path):
+    df = aggregate.ablation_table(ablation_records(tmp_path), REPO)
+    assert list(df["step"]) == [0, 1, 2, 3]
+    assert list(df["speedup_vs_vanilla"].round(2)) == [1.0, 1.4, 1.8, 2.2]
+    assert list(df["step_label"]) == ["Vanilla", "+ Kernel Opt", "+ Attn/FFN TP",
+                                      "+ Embedding TP"]
+
+
+def test_empty_tables_and_csv_roundtrip(tmp_path):
+    for make in (aggregate.table, aggregate.ablation_table):
+        df = make([], REPO)
+        out = aggregate.write_csv(df, tmp_path / "t.csv")
+        assert pd.read_csv(out).empty
+    assert plots.count_x_marks(plots.figure7(pd.read_csv(tmp_path / "t.csv"))) == 0
+
+
+def test_figure7_marks_every_non_ok_bar(tmp_path):
+    df = aggregate.table(e2e_records(tmp_path), REPO)
+    fig = plots.figure7(df, REPO)
+    assert plots.count_x_marks(fig) == 2
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles[:2] == ["BERT-1B (bert-xlarge)", "RoBERTa-1.3B (roberta-xlarge)"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:4] == ["Megatron-LM", "DeepSpeed ZeRO-3", "Slapo-TP", "Slapo-ZeRO3"]
+    assert legend[4].startswith("X:")
+    plots.save(fig, tmp_path / "e2e.pdf")
+    assert (tmp_path / "e2e.pdf").read_bytes()[:4] == b"%PDF"
+
+
+def test_figure9_labels_speedups_and_marks_failures(tmp_path):
+    df = aggregate.ablation_table(ablation_records(tmp_path, (5, 7, None, 11)), REPO)
+    fig = plots.figure9(df)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.texts]
+    assert "1.00x" in labels and "1.40x" in labels and "2.20x" in labels
+    assert "failed" in labels
+    assert plots.count_x_marks(fig) == 1
+
+
+def test_model_order_follows_the_paper():
+    order = plots.model_order(["wideresnet-2.4B", "t5-3b", "bert-xlarge", "facebook/opt-2.7b",
+                               "gpt-neo-2.9B", "roberta-xlarge"], REPO)
+    assert order == ["bert-xlarge", "roberta-xlarge", "gpt-neo-2.9B", "facebook/opt-2.7b",
+                     "t5-3b", "wideresnet-2.4B"]
+
+
+def test_claims_c1_c2_on_records(tmp_path):
+    e2e = aggregate.table(e2e_records(tmp_path, env=GPU), REPO)
+    c1 = claims.check_c1(e2e)
+    points = {p["model"]: p for p in c1["points"]}
+    assert points["bert-xlarge"]["verdict"] == "PASS"
+    assert points["roberta-xlarge"]["verdict"] == "FAIL"  # DeepSpeed 20 > Slapo-TP 18
+    assert c1["verdict"] == "FAIL" and c1["counts"] == {"PASS": 1, "FAIL": 1, "NOT-RUN": 0}
+    assert points["bert-xlarge"]["hardware"] == "NVIDIA H200 x2 @g"
+    c2 = claims.check_c2(e2e)
+    assert c2["single_node"]["measured_max"] == pytest.approx(1.25)
+    assert c2["single_node"]["paper"] == 2.92 and c2["multi_node"]["paper"] == 1.41
+    assert c2["single_node"]["verdict"] == "PASS" and c2["multi_node"]["verdict"] == "NOT-RUN"
+    assert {p["model"]: round(p["speedup"], 2) for p in c2["points"]} == {
+        "bert-xlarge": 1.25, "roberta-xlarge": 0.9}
+
+
+def test_claims_not_run_without_data(tmp_path):
+    result = claims.check_all(None, None, None)
+    assert [c["verdict"] for c in result["claims"]] == ["NOT-RUN"] * 4
+    assert "NOT-RUN" in result["setting"]
+    # only failures: nothing ran ok -> NOT-RUN, not FAIL
+    paths = [rec(tmp_path, "e2e", m, "bert-xlarge", 2, status="failed")
+             for m in aggregate.SYSTEMS]
+    e2e = aggregate.table(paths, REPO)
+    assert claims.check_c1(e2e)["verdict"] == "NOT-RUN"
+    assert claims.check_c2(e2e)["single_node"]["verdict"] == "NOT-RUN"
+
+
+def test_claim_c1_slapo_oom_while_baseline_ran_fails(tmp_path):
+    paths = [rec(tmp_path, "e2e", "deepspeed", "t5-3b", 2, 3),
+             rec(tmp_path, "e2e", "slapo-deepspeed", "t5-3b", 2, status="oom"),
+             rec(tmp_path, "e2e", "slapo-megatron", "t5-3b", 2, status="oom")]
+    assert claims.check_c1(aggregate.table(paths, REPO))["verdict"] == "FAIL"
+
+
+def test_claim_c4_steps(tmp_path):
+    c4 = claims.check_c4(aggregate.ablation_table(ablation_records(tmp_path, (5, 7, 6, None)),
+                                                  REPO))
+    assert [p["verdict"] for p in c4["points"]] == ["PASS", "FAIL", "NOT-RUN"]
+    assert c4["verdict"] == "FAIL"
+
+
+def test_claim_c3_against_the_paper():
+    loc = table4.loc_table(lambda family: {"artifact": 12 if family != "bert" else 40,
+                                           "statements": 9})
+    c3 = claims.check_c3(loc, max_ratio=1.5)
+    verdicts = {p["model"]: p["verdict"] for p in c3["points"]}
+    assert verdicts["BERT"] == "FAIL" and verdicts["WideResNet"] == "PASS"
+    assert verdicts["OPT"] == "PASS"  # 12 <= 1.5 x 10
+
+
+def test_claims_report_on_cpu_says_it_is_not_the_paper_setting(tmp_path):
+    e2e = aggregate.table(e2e_records(tmp_path), REPO)
+    ablation = aggregate.ablation_table(ablation_records(tmp_path), REPO)
+    result = claims.check_all(e2e, ablation, table4.loc_table(lambda f: 1 / 0))
+    text = claims.to_markdown(result)
+    assert "CPU ranks" in result["setting"] and "not the paper's setting" in result["setting"]
+    assert "| C3 | **NOT-RUN** |" in text and "ZeroDivisionError" in text
+    assert "paper 2.92x" in text and "1.41x" in text
+    json.dumps(result, default=str)
+
+
+def test_claims_cli_writes_md_and_json(tmp_path):
+    e2e = aggregate.write_csv(aggregate.table(e2e_records(tmp_path), REPO), tmp_path / "e.csv")
+    rc = claims.main(["--e2e", str(e2e), "--ablation", str(tmp_path / "missing.csv"),
+                      "--md", str(tmp_path / "c.md"), "--json", str(tmp_path / "c.json")])
+    assert rc == 0
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert [c["id"] for c in data["claims"]] == ["C1", "C2", "C3", "C4"]
+    assert data["claims"][3]["verdict"] == "NOT-RUN"
+
+
+def test_table4_outputs():
+    df = table4.loc_table(lambda family: {"artifact": 5, "statements": 4}
+                          if family != "t5" else (_ for _ in ()).throw(FileNotFoundError("t5")))
+    assert list(df["model"]) == ["WideResNet", "T5", "RoBERTa", "LLaMA", "OPT", "BERT", "GPT"]
+    assert list(df["paper_loc"]) == [12, 11, 21, 11, 10, 21, 10]
+    assert df.set_index("model").loc["T5", "status"] == "missing"
+    md = table4.to_markdown(df)
+    assert "| BERT | 21 | 5 | 4 |" in md and "| T5 | 11 | - | - |" in md
+    tex = table4.to_latex(df)
+    assert r"\begin{tabular}{lrrrrrrr}" in tex and "LoC (paper) & 12 & 11 & 21" in tex

@@ -1,0 +1,45 @@
+"""kick_the_tires: test summary + smoke case, ending in one verdict line."""
+import json
+from pathlib import Path
+
+from slapo.bench.workflow import kick
+
+HERE = Path(__file__).resolve().parent
+FAKE = f"python {HERE / 'fake_harness.py'}"
+SPEC = {"case_id": "slapo-megatron__bert-tiny__g2__s64__b4__c0", "mode": "slapo-megatron",
+        "model": "bert-tiny", "gpus": 2, "seq_len": 64, "dec_seq_len": 0, "batch_size": 4,
+        "ckpt": "0", "steps": 3, "warmup": 1, "dtype": "fp32", "device": "cpu", "timeout": 60}
+QUICK_TEST = f"{HERE / 'test_workflow_gpu_slots.py'}::test_maps_slots_to_parent_visible_devices"
+
+
+def test_pytest_summary():
+    out = "....\n=========== 4 passed, 1 skipped in 3.21s ===========\n"
+    assert kick.pytest_summary(out) == "4 passed, 1 skipped in 3.21s"
+    assert kick.pytest_summary("1 failed, 2 passed in 0.5s") == "1 failed, 2 passed in 0.5s"
+    assert kick.pytest_summary("nothing here") is None
+
+
+def _kick(tmp_path, *pytest_args):
+    argv = ["--spec", json.dumps(SPEC), "--out", str(tmp_path / "kick.txt"),
+            "--record", str(tmp_path / "smoke.json"), "--log", str(tmp_path / "smoke.log"),
+            "--test-log", str(tmp_path / "pytest.log"), "--harness", FAKE, "--",
+            "-q", "-p", "no:cacheprovider", *pytest_args]
+    rc = kick.main(argv)
+    return rc, (tmp_path / "kick.txt").read_text().splitlines()
+
+
+def test_kick_passes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_HARNESS_PLAN", str(tmp_path / "none.json"))
+    (tmp_path / "none.json").write_text("{}")
+    rc, lines = _kick(tmp_path, QUICK_TEST)
+    assert rc == 0 and lines[-1] == "KICK-THE-TIRES: PASS"
+    assert "1 passed" in lines[0] and "status ok" in lines[1]
+    assert capsys.readouterr().out.rstrip().endswith("KICK-THE-TIRES: PASS")
+
+
+def test_kick_fails_on_a_broken_smoke_case_or_test(tmp_path, monkeypatch):
+    (tmp_path / "plan.json").write_text(json.dumps({"*": {"crash": True}}))
+    monkeypatch.setenv("FAKE_HARNESS_PLAN", str(tmp_path / "plan.json"))
+    rc, lines = _kick(tmp_path, QUICK_TEST, str(HERE / "no_such_test_file.py"))
+    assert rc == 1
+    assert lines[-1].startswith("KICK-THE-TIRES: FAIL (tests failed; smoke case not ok")

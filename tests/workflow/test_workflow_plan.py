@@ -1,0 +1,156 @@
+"""The workflow's plan: profile choice, cases, and the files a case depends on."""
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slapo.bench.cases import parse_cfg
+from slapo.bench.workflow import plan
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = yaml.safe_load((REPO / "configs" / "config.yaml").read_text())
+
+
+@pytest.mark.parametrize("env, gpus", [
+    ({"CUDA_VISIBLE_DEVICES": ""}, 0),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, 0),
+    ({"CUDA_VISIBLE_DEVICES": "3"}, 1),
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, 8),
+])
+def test_detect_gpus_honours_cuda_visible_devices(env, gpus):
+    assert plan.detect_gpus(env) == gpus
+
+
+def test_detect_gpus_without_nvidia_smi(monkeypatch):
+    monkeypatch.setattr(plan.shutil, "which", lambda name: None)
+    assert plan.detect_gpus({}) == 0
+
+
+@pytest.mark.parametrize("gpus, profile", [(0, "cpu"), (1, "gpu1"), (4, "gpu1"), (8, "paper"),
+                                           (16, "paper")])
+def test_auto_profile(gpus, profile):
+    assert plan.auto_profile(gpus) == profile
+    settings = plan.resolve({**CONFIG, "gpus": gpus})
+    assert settings["name"] == profile and settings["gpus_available"] == gpus
+
+
+def test_resolve_explicit_and_unknown_profile():
+    assert plan.resolve({**CONFIG, "profile": "paper", "gpus": 0})["name"] == "paper"
+    with pytest.raises(plan.PlanError, match="'nope' is not defined"):
+        plan.resolve({**CONFIG, "profile": "nope", "gpus": 0})
+
+
+def test_paper_profile_is_exactly_figure7_and_figure9():
+    cases = plan.load_cases(plan.resolve({**CONFIG, "profile": "paper", "gpus": 8}), REPO)
+    e2e = parse_cfg(REPO / "configs/e2e/single_node_asplos24.cfg", max_gpus=8)
+    ablation = parse_cfg(REPO / "configs/ablation/bert_1b_asplos24.cfg", max_gpus=8)
+    assert list(cases["e2e"]) == [c.id for c in e2e] and len(e2e) == 72
+    assert list(cases["ablation"]) == [c.id for c in ablation] and len(ablation) == 4
+    settings = CONFIG["profiles"]["paper"]
+    assert (settings["dtype"], settings["steps"]) == ("fp16", 40)
+
+
+def test_cpu_profile_covers_tiny_models_on_one_and_two_ranks():
+    cases = plan.load_cases(plan.resolve({**CONFIG, "profile": "cpu", "gpus": 0}), REPO)
+    e2e = cases["e2e"].values()
+    assert {c.model for c in e2e} == {"bert-tiny", "roberta-tiny", "gpt-neo-tiny", "opt-tiny",
+                                      "t5-tiny", "wideresnet-tiny"}
+    assert {c.gpus for c in e2e} == {1, 2}
+    assert {c.mode for c in e2e} == {"megatron", "deepspeed", "slapo-megatron",
+                                     "slapo-deepspeed"}
+    assert [c.mode for c in cases["ablation"].values()] == [
+        "eager", "slapo-kernel", "slapo-tp-attn-ffn", "slapo-tp-full"]
+
+
+def test_gpu1_profile_fits_one_gpu():
+    cases = plan.load_cases(plan.resolve({**CONFIG, "profile": "gpu1", "gpus": 1}), REPO)
+    assert {c.gpus for exp in cases.values() for c in exp.values()} == {1}
+    assert {c.model for c in cases["e2e"].values()} == {
+        "bert-large-uncased", "EleutherAI/gpt-neo-1.3B", "facebook/opt-1.3b", "llama-1.1b"}
+
+
+def test_cfg_errors_name_file_and_line(tmp_path):
+    (tmp_path / "configs" / "models").mkdir(parents=True)
+    (tmp_path / "configs" / "models" / "bert-tiny.json").write_text("{}")
+    (tmp_path / "a.cfg").write_text("# a\neager bert-tiny 1 64 0 2 0\n")
+    (tmp_path / "b.cfg").write_text("eager bert-tiny 1 64 0 2 0\n")
+    (tmp_path / "c.cfg").write_text("eager bert-tiny 1 64 0 2 0\nbogus bert-tiny 1 64 0 2 0\n")
+    settings = {"name": "t", "max_gpus": 2,
+                "experiments": {"e2e": ["a.cfg", "b.cfg"], "ablation": ["c.cfg", "d.cfg"]}}
+    with pytest.raises(plan.PlanError) as err:
+        plan.load_cases(settings, tmp_path)
+    text = str(err.value)
+    assert "b.cfg:1: duplicate case eager__bert-tiny__g1__s64__b2__c0 (also at" in text
+    assert "c.cfg:2: unknown mode 'bogus'" in text
+    assert "d.cfg: no such cfg file" in text
+
+
+def test_case_spec_has_fields_not_cfg_location():
+    case = parse_cfg(REPO / "configs/e2e/cpu_tiny.cfg", max_gpus=2)[0]
+    spec = plan.case_spec(case, CONFIG["profiles"]["cpu"])
+    assert spec["case_id"] == case.id
+    assert "line" not in spec and "source" not in spec
+    assert {"steps", "warmup", "dtype", "device"} <= set(spec)
+    assert "timeout" not in spec  # a resource: raising it reruns nothing
+    assert plan.runtime_minutes({"timeout": 600}) == 12
+
+
+def test_export_slots(monkeypatch):
+    monkeypatch.delenv(plan.SLOTS_DIR_ENV, raising=False)
+    config = {"gpu_slots": True, "gpu_slots_dir": "/tmp/x"}
+    plan.export_slots(config, {"device": "cuda", "gpus_available": 8})
+    assert os.environ[plan.SLOTS_DIR_ENV] == "/tmp/x"
+    assert os.environ[plan.SLOTS_TOTAL_ENV] == "8"
+    plan.export_slots({**config, "gpu_slots": False}, {"device": "cuda", "gpus_available": 8})
+    assert plan.SLOTS_DIR_ENV not in os.environ
+    plan.export_slots(config, {"device": "cpu", "gpus_available": 0})
+    assert plan.SLOTS_TOTAL_ENV not in os.environ
+
+
+def test_case_inputs_follow_mode_and_family():
+    cases = {c.id: c for c in parse_cfg(REPO / "configs/e2e/cpu_tiny.cfg", max_gpus=2)}
+    harness = plan.harness_files(REPO)
+    assert "slapo/bench/record.py" in harness
+    assert "slapo/bench/workflow/run_case.py" in harness
+    for module in ("aggregate.py", "plots.py", "claims.py", "table4.py"):
+        assert f"slapo/bench/{module}" not in harness
+    assert not any(f.startswith("slapo/model_schedule/") for f in harness)
+
+    slapo_bert = plan.case_inputs(cases["slapo-megatron__bert-tiny__g2__s128__b8__c0"], REPO)
+    baseline = plan.case_inputs(cases["deepspeed__bert-tiny__g2__s128__b8__c0"], REPO)
+    slapo_opt = plan.case_inputs(cases["slapo-deepspeed__opt-tiny__g1__s128__b4__c0"], REPO)
+    assert "slapo/model_schedule/bert.py" in slapo_bert
+    assert "configs/models/bert-tiny.json" in slapo_bert
+    assert not any(f.startswith("slapo/model_schedule/") for f in baseline)
+    assert "slapo/model_schedule/bert.py" not in slapo_opt
+    if (REPO / "slapo/model_schedule/opt.py").is_file():
+        assert "slapo/model_schedule/opt.py" in slapo_opt
+
+
+def test_resources_and_threads():
+    case = parse_cfg(REPO / "configs/e2e/cpu_tiny.cfg", max_gpus=2)[1]
+    assert case.gpus == 2
+    assert plan.gpus_resource(case, {"device": "cuda"}) == 2
+    assert plan.gpus_resource(case, {"device": "cpu"}) == 0
+    assert plan.threads(case, {"device": "cpu"}) == 2
+    assert plan.threads(case, {"device": "cuda"}) == 1
+
+
+def test_schedule_imports_of_other_families_are_followed(tmp_path):
+    sched = tmp_path / "slapo" / "model_schedule"
+    sched.mkdir(parents=True)
+    (sched / "__init__.py").write_text("")
+    (sched / "bert.py").write_text("X = 1\n")
+    (sched / "roberta.py").write_text("from .bert import X\n")
+    models = tmp_path / "configs" / "models"
+    models.mkdir(parents=True)
+    (models / "roberta-tiny.json").write_text('{"_slapo": {"family": "roberta"}}')
+    case = parse_cfg_text_case("slapo-megatron roberta-tiny 2 64 0 4 0")
+    files = plan.case_inputs(case, tmp_path, harness=[])
+    assert files == ["configs/models/roberta-tiny.json", "slapo/model_schedule/__init__.py",
+                     "slapo/model_schedule/roberta.py", "slapo/model_schedule/bert.py"]
+
+
+def parse_cfg_text_case(line):
+    return plan.parse_cfg_text(line)[0]

@@ -1,0 +1,67 @@
+"""An interrupted run (Snakemake and its jobs killed mid-case with SIGKILL) resumes with
+nothing lost and nothing half-written: after `snakemake --unlock` (a hard kill leaves the
+directory lock), the next run does only the cases that had not finished."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from wf_util import ABLATION_CASES, E2E_CASES
+from slapo.bench.record import read_record
+
+pytestmark = pytest.mark.slow
+
+SLOW = "slapo-deepspeed__gpt-neo-tiny__g1__s64__b2__c0"
+
+
+def _all_records(repo):
+    return repo.records("e2e") + repo.records("ablation")
+
+
+def test_killed_run_resumes(repo):
+    repo.plan({SLOW: {"sleep": 300}})
+    log = repo.path / "results" / "e2e" / "test" / "logs" / f"{SLOW}.log"
+    proc = subprocess.Popen(repo.command(), cwd=repo.path, env=repo.env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        # wait until the slow case runs and the other core has finished a few cases
+        while not (log.is_file() and "fake harness" in log.read_text()
+                   and len(_all_records(repo)) >= 4):
+            assert proc.poll() is None, "snakemake ended before the kill"
+            assert time.monotonic() < deadline, "the slow case never started"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # snakemake, the runner, all in its group
+        proc.wait()
+    time.sleep(1)  # the harness dies with its runner (parent-death signal)
+
+    # a job killed after its record was written but before Snakemake marked it finished is
+    # still "incomplete" and reruns; every job Snakemake had finished must stay as it is
+    incomplete = repo.incomplete()
+    assert repo.record("e2e", SLOW) in incomplete
+    done = {p: p.stat().st_mtime_ns for p in _all_records(repo) if p not in incomplete}
+    assert done and not repo.record("e2e", SLOW).exists()
+    for path in done:  # every record there is whole
+        read_record(path)
+    assert not list((repo.path / "results").rglob("*.tmp"))
+
+    repo.plan({})
+    # a hard kill leaves Snakemake's directory lock behind (a graceful stop does not)
+    locked = repo.snakemake(check=False)
+    assert locked.returncode != 0 and "cannot be locked" in locked.stdout + locked.stderr
+    repo.snakemake("--unlock")
+    repo.snakemake()  # the default profile has rerun-incomplete
+    records = _all_records(repo)
+    assert len(records) == E2E_CASES + ABLATION_CASES
+    assert read_record(repo.record("e2e", SLOW)).status == "ok"
+    for path, mtime in done.items():  # nothing redone that was done
+        assert path.stat().st_mtime_ns == mtime, path
+    ran_again = {json.loads(line)["case_id"] for line in repo.trace_file.read_text().splitlines()}
+    assert SLOW in ran_again
+    assert not list((repo.path / "results").rglob("*.tmp"))
+    assert repo.dry_run() == {}

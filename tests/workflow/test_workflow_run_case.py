@@ -1,0 +1,124 @@
+"""The case runner: one record per case, whatever the harness does."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slapo.bench.record import read_record
+from slapo.bench.workflow import run_case
+
+FAKE = Path(__file__).with_name("fake_harness.py")
+HARNESS = f"python {FAKE}"
+
+
+def spec(**overrides):
+    base = {"case_id": "slapo-megatron__bert-tiny__g2__s64__b4__c0", "mode": "slapo-megatron",
+            "model": "bert-tiny", "gpus": 2, "seq_len": 64, "dec_seq_len": 0, "batch_size": 4,
+            "ckpt": "0", "steps": 3, "warmup": 1, "dtype": "fp32", "device": "cpu",
+            "timeout": 60}
+    return {**base, **overrides}
+
+
+@pytest.fixture
+def fake_plan(tmp_path, monkeypatch):
+    path = tmp_path / "plan.json"
+    monkeypatch.setenv("FAKE_HARNESS_PLAN", str(path))
+    monkeypatch.setenv("FAKE_HARNESS_TRACE", str(tmp_path / "trace.jsonl"))
+
+    def write(plan):
+        path.write_text(json.dumps(plan))
+
+    write({})
+    return write
+
+
+def test_harness_command_follows_the_cli_contract():
+    cmd = run_case.harness_command("python -m slapo.bench.cli", spec(), "o.json", "o.log")
+    assert cmd[0] == sys.executable and cmd[1:4] == ["-m", "slapo.bench.cli", "run"]
+    args = dict(zip(cmd[4::2], cmd[5::2]))
+    assert args == {"--mode": "slapo-megatron", "--model": "bert-tiny", "--gpus": "2",
+                    "--seq-len": "64", "--dec-seq-len": "0", "--batch-size": "4", "--ckpt": "0",
+                    "--steps": "3", "--warmup": "1", "--dtype": "fp32", "--timeout": "60",
+                    "--case-id": spec()["case_id"], "--device": "cpu", "--out": "o.json",
+                    "--log": "o.log"}
+
+
+def test_ok_record_from_harness(tmp_path, fake_plan):
+    out, log = tmp_path / "r.json", tmp_path / "logs" / "r.log"
+    assert run_case.run(spec(), str(out), str(log), HARNESS) == 0
+    rec = read_record(out)
+    assert rec.status == "ok" and rec.metrics.samples_per_s == 30.0
+    assert "CUDA_VISIBLE_DEVICES=''" in log.read_text()  # CPU ranks: CUDA hidden
+
+
+def test_crash_becomes_failed_record(tmp_path, fake_plan):
+    fake_plan({"*": {"crash": True}})
+    out, log = tmp_path / "r.json", tmp_path / "r.log"
+    assert run_case.run(spec(), str(out), str(log), HARNESS) == 0
+    rec = read_record(out)
+    assert rec.status == "failed" and "exited with code 3" in rec.reason
+    assert rec.case["id"] == spec()["case_id"] and rec.case["gpus"] == 2
+    assert rec.log_path == str(log)
+    assert rec.env["device_name"].startswith("cpu")
+
+
+def test_missing_harness_becomes_failed_record(tmp_path):
+    out = tmp_path / "r.json"
+    run_case.run(spec(), str(out), str(tmp_path / "r.log"), "python /nonexistent/harness.py")
+    assert read_record(out).status == "failed"
+
+
+def test_timeout_kills_harness_and_records_failure(tmp_path, fake_plan):
+    fake_plan({"*": {"sleep": 60}})
+    out = tmp_path / "r.json"
+    t0 = time.monotonic()
+    run_case.run(spec(timeout=1), str(out), str(tmp_path / "r.log"), HARNESS, grace=1)
+    assert time.monotonic() - t0 < 30
+    rec = read_record(out)
+    assert rec.status == "failed" and "timeout" in rec.reason
+
+
+def test_cases_over_the_machine_are_unsupported(tmp_path):
+    out = tmp_path / "r.json"
+    run_case.run(spec(device="cuda", gpus=8), str(out), str(tmp_path / "r.log"), HARNESS,
+                 slots_dir=str(tmp_path / "slots"), slots_total=4)
+    rec = read_record(out)
+    assert rec.status == "unsupported" and "needs 8 GPUs" in rec.reason
+
+
+def test_cuda_case_gets_slots(tmp_path, fake_plan, monkeypatch):
+    """Slot folder and count from the environment the workflow sets; timeout from --timeout."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("SLAPO_GPU_SLOTS_DIR", str(tmp_path / "slots"))
+    monkeypatch.setenv("SLAPO_GPU_SLOTS_TOTAL", "4")
+    out, log = tmp_path / "r.json", tmp_path / "r.log"
+    cuda = {k: v for k, v in spec(device="cuda").items() if k != "timeout"}
+    assert run_case.main(["--spec", json.dumps(cuda), "--timeout", "77", "--out", str(out),
+                          "--log", str(log), "--harness", HARNESS]) == 0
+    assert read_record(out).env["cuda_visible_devices"] == "0,1"
+    assert "--timeout 77" in log.read_text()
+
+
+def test_interrupted_runner_writes_no_record(tmp_path, fake_plan):
+    """SIGTERM (Snakemake stopping): the harness is stopped, no record, non-zero exit."""
+    fake_plan({"*": {"sleep": 60}})
+    out, log = tmp_path / "r.json", tmp_path / "r.log"
+    cmd = [sys.executable, str(Path(run_case.__file__).parents[3] / "workflow" / "scripts" /
+                               "run_module.py"), "slapo.bench.workflow.run_case",
+           "--spec", json.dumps(spec()), "--out", str(out), "--log", str(log),
+           "--harness", HARNESS]
+    proc = subprocess.Popen(cmd, env=dict(os.environ))
+    deadline = time.monotonic() + 60
+    while "fake harness" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not out.exists()
+    assert "interrupted" in log.read_text()
+    assert not list(tmp_path.glob(".r.json.*"))  # nothing half-written

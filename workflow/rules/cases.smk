@@ -1,0 +1,35 @@
+# One job per benchmark case: results/<experiment>/<profile>/<case-id>.json plus its log.
+# The case's fields are params (not the cfg file), the code it runs is input: editing one cfg
+# line reruns that case only; editing the harness or a schedule reruns the cases using it.
+
+
+rule case:
+    output:
+        record="results/{experiment}/{profile}/{case_id}.json",
+    input:
+        case_inputs,
+    log:
+        "results/{experiment}/{profile}/logs/{case_id}.log",
+    params:
+        spec=case_spec,
+        harness=config["harness"],
+    wildcard_constraints:
+        experiment="e2e|ablation",
+        profile=PROFILE["name"],
+        case_id="[^/]+",
+    threads: case_threads
+    resources:
+        # gpus: packs jobs onto a node under `--resources gpus=N`; gpu: the same request under
+        # the name the Slurm executor plugin reads
+        gpus=case_gpus,
+        gpu=case_gpus,
+        # the case's time limit (s); runtime: the same plus the runner's grace, in minutes,
+        # for cluster schedulers. Resources, not params: raising them reruns nothing.
+        timeout_s=PROFILE["timeout"],
+        runtime=plan.runtime_minutes(PROFILE),
+    conda:
+        ENV
+    shell:
+        "python workflow/scripts/run_module.py slapo.bench.workflow.run_case "
+        "--spec {params.spec:q} --timeout {resources.timeout_s} --harness {params.harness:q} "
+        "--out {output.record} --log {log}"

@@ -1,0 +1,39 @@
+# Figure 7: every e2e case of the profile -> results/e2e.csv -> figures/e2e.pdf.
+
+
+rule e2e_table:
+    input:
+        records=records("e2e"),
+        code="slapo/bench/aggregate.py",
+    output:
+        report(
+            "results/e2e.csv",
+            caption="../report/e2e_table.rst",
+            category="Figure 7: end-to-end throughput",
+        ),
+    log:
+        "results/logs/e2e_table.log",
+    conda:
+        ENV
+    shell:
+        "python workflow/scripts/run_module.py slapo.bench.aggregate --experiment e2e "
+        "--out {output} {input.records} > {log} 2>&1"
+
+
+rule e2e_figure:
+    input:
+        csv="results/e2e.csv",
+        code="slapo/bench/plots.py",
+    output:
+        report(
+            "figures/e2e.pdf",
+            caption="../report/e2e.rst",
+            category="Figure 7: end-to-end throughput",
+        ),
+    log:
+        "results/logs/e2e_figure.log",
+    conda:
+        ENV
+    shell:
+        "python workflow/scripts/run_module.py slapo.bench.plots e2e {input.csv} {output} "
+        "> {log} 2>&1"

@@ -1,0 +1,21 @@
+# kick_the_tires: a quick test subset plus one smoke case, ending in one verdict line
+# (KICK-THE-TIRES: PASS / FAIL) in results/kick_the_tires.txt. No output file is declared, so
+# the target runs afresh each time it is asked for.
+
+
+rule kick_the_tires:
+    log:
+        "results/kick_the_tires/kick.log",
+    params:
+        spec=smoke_spec(),
+        harness=config["harness"],
+        timeout=config["kick_the_tires"]["test_timeout"],
+        pytest=shlex.join(config["kick_the_tires"]["pytest_args"]),
+    conda:
+        ENV
+    shell:
+        "python workflow/scripts/run_module.py slapo.bench.workflow.kick "
+        "--spec {params.spec:q} --out results/kick_the_tires.txt "
+        "--record results/kick_the_tires/smoke.json --log results/kick_the_tires/smoke.log "
+        "--test-log results/kick_the_tires/pytest.log --test-timeout {params.timeout} "
+        "--harness {params.harness:q} -- {params.pytest} 2> {log}"
