@@ -21,16 +21,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[all,lint]'
 	touch $@
 
-test: $(STAMP)
-	$(PY) -m pytest
+# One python and one ninja for every target: DeepSpeed's JIT builds are then judged current by
+# the same ninja the workflow's jobs use.
+VENV_PATH = PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
+SNAKEMAKE = $(VENV)/bin/snakemake --workflow-profile workflow/profiles/default
+# GPUs Snakemake may hand out at once (0 without GPUs); evaluated when a recipe runs.
+GPUS = $(shell $(PY) workflow/scripts/run_module.py slapo.bench.workflow.plan --gpus)
 
-# The evaluation workflow for the profile that fits this machine (cpu when no GPU is visible);
-# pass e.g. SNAKEMAKE_ARGS="--config profile=paper --resources gpus=8".
+test: $(STAMP)
+	$(VENV_PATH) $(PY) -m pytest
+
+# The evaluation workflow for the profile that fits this machine (cpu when no GPU is visible),
+# then the report; pass e.g. SNAKEMAKE_ARGS="--config profile=paper".
 reproduce: $(STAMP)
-	$(VENV)/bin/snakemake --workflow-profile workflow/profiles/default $(SNAKEMAKE_ARGS)
+	$(VENV_PATH) $(SNAKEMAKE) --resources gpus=$(GPUS) $(SNAKEMAKE_ARGS)
+	$(VENV_PATH) $(SNAKEMAKE) --report report.html $(SNAKEMAKE_ARGS)
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache
+	rm -rf $(VENV) .cache .pytest_cache .snakemake
 
 # The image on the paper's CUDA 11.7 base (needs Docker Hub, PyPI and PyTorch's wheel index).
 docker:

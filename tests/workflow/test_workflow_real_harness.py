@@ -1,0 +1,27 @@
+"""One case through the workflow with the real harness CLI (slapo-bench run): the runner and
+the harness agree on the contract, and the record is a real measurement."""
+import pytest
+
+from slapo.bench.record import read_record
+from wf_util import make_config
+
+pytestmark = pytest.mark.slow
+
+CASE = "slapo-megatron__bert-tiny__g2__s32__b4__c0"
+
+
+def test_one_real_case(repo):
+    (repo.path / "configs" / "e2e" / "real.cfg").write_text("slapo-megatron bert-tiny 2 32 0 4 0\n")
+    config = make_config(repo.path, experiments={"e2e": ["configs/e2e/real.cfg"],
+                                                 "ablation": []}, timeout=300)
+    config["harness"] = "python -m slapo.bench.cli"
+    repo.write_config(config)
+    repo.snakemake(f"results/e2e/test/{CASE}.json")
+    record = read_record(repo.record("e2e", CASE))
+    assert record.status == "ok", record.reason
+    assert record.metrics.samples_per_s > 0
+    assert record.case["id"] == CASE and record.case["gpus"] == 2
+    assert record.env["device_count"] == 0  # CPU ranks
+    log = (repo.path / "results" / "e2e" / "test" / "logs" / f"{CASE}.log").read_text()
+    assert "# --- slapo.bench.workflow.run_case ---" in log
+    assert repo.dry_run(f"results/e2e/test/{CASE}.json") == {}
