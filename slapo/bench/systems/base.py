@@ -153,6 +153,23 @@ class NativeTrainer(System):
         return loss.detach().float()
 
 
+class TensorParallelTrainer(NativeTrainer):
+    """A native trainer with tensor parallelism over all ranks: no data parallelism, so
+    every rank sees the whole global batch."""
+
+    @property
+    def dp_size(self) -> int:
+        return 1
+
+    @property
+    def dp_rank(self) -> int:
+        return 0
+
+    @property
+    def tp_size(self) -> int:
+        return self.ctx.world_size
+
+
 def hf_overrides(spec) -> dict:
     """Model config overrides of a run: dropout off with ``--no-dropout``, then ``--override``."""
     from slapo.models import no_dropout

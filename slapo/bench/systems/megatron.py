@@ -30,7 +30,7 @@ import importlib.util
 
 import torch
 
-from .base import NativeTrainer, Unsupported
+from .base import TensorParallelTrainer, Unsupported
 
 SUPPORTED = ("bert", "gpt_neo", "llama", "t5")
 PAPER_NAMES = {"roberta": "RoBERTa", "opt": "OPT", "wideresnet": "WideResNet"}
@@ -42,7 +42,7 @@ def _family(spec) -> str:
     return model_family(spec.model)
 
 
-class MegatronSystem(NativeTrainer):
+class MegatronSystem(TensorParallelTrainer):
     mode = "megatron"
     description = "megatron-core's own model, tensor parallelism = ranks"
 
@@ -58,18 +58,6 @@ class MegatronSystem(NativeTrainer):
             raise Unsupported("megatron-core is not installed")
         if spec.ckpt not in (None, "full", "selective"):
             raise Unsupported(f"megatron takes CKPT full, selective or 0, not {spec.ckpt!r}")
-
-    @property
-    def dp_size(self) -> int:
-        return 1
-
-    @property
-    def dp_rank(self) -> int:
-        return 0
-
-    @property
-    def tp_size(self) -> int:
-        return self.ctx.world_size
 
     # -- building ------------------------------------------------------------------------
     def setup(self) -> None:

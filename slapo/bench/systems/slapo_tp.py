@@ -16,7 +16,7 @@ layers are checkpointed). A family without a schedule is ``unsupported``.
 """
 from __future__ import annotations
 
-from .base import NativeTrainer, Unsupported, build_hf_model
+from .base import NativeTrainer, TensorParallelTrainer, Unsupported, build_hf_model
 from .eager import wrap_data_parallel
 
 
@@ -37,22 +37,10 @@ def scheduled_model(spec, ctx, **options):
     return slapo.build(sch)
 
 
-class SlapoTPSystem(NativeTrainer):
+class SlapoTPSystem(TensorParallelTrainer):
     mode = "slapo-megatron"
     description = "HF model + Slapo schedule, tensor parallelism over all ranks (Slapo-TP)"
     shard_embedding = True
-
-    @property
-    def dp_size(self) -> int:
-        return 1
-
-    @property
-    def dp_rank(self) -> int:
-        return 0
-
-    @property
-    def tp_size(self) -> int:
-        return self.ctx.world_size
 
     def setup(self) -> None:
         self.model = scheduled_model(self.spec, self.ctx, tensor_parallel=True,
