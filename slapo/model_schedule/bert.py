@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import fuse_bias_gelu, shard_column_row, shard_vocab, tensor_parallel, use_sdpa
+from .common import (fuse_bias_gelu, shard_attention, shard_column_row, shard_vocab,
+                     tensor_parallel, use_sdpa)
 
 
 def shard_bert(sch, prefix: str = "bert", shard_embedding: bool = True,
@@ -19,9 +20,8 @@ def shard_bert(sch, prefix: str = "bert", shard_embedding: bool = True,
     config = sch[prefix].mod.config
     for i in range(config.num_hidden_layers):
         layer = sch[f"{prefix}.encoder.layer.{i}"]
-        shard_column_row(layer["attention"], ["self.query", "self.key", "self.value"],
-                         "output.dense", input_sync="self")
-        layer["attention.self"].fork_rng()
+        shard_attention(layer["attention"], ["self.query", "self.key", "self.value"],
+                        "output.dense", dropout="self", input_sync="self")
         shard_column_row(layer, ["intermediate.dense"], "output.dense", input_sync="intermediate")
     if shard_embedding:
         shard_vocab(sch, [f"{prefix}.embeddings.word_embeddings"], "cls.predictions.decoder",

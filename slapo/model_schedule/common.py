@@ -6,6 +6,8 @@ schedule nodes, so a family's schedule reads as a short list of decisions:
 
 - ``shard_column_row``: Megatron's pair of a column-parallel and a row-parallel projection;
 - ``divide_heads``: keep a module's head counts consistent with its sharded projections;
+- ``shard_attention``: the two above on an attention module, and ``fork_rng`` on its
+  attention-probability dropout;
 - ``shard_vocab``: vocabulary-parallel embedding and LM head, and the loss computed on the
   sharded logits (``vocab_parallel_loss``) instead of gathering them;
 - ``shard_batchnorm``: a BatchNorm over sharded channels (parameters and running statistics);
@@ -56,6 +58,19 @@ def divide_heads(node, *attrs: str) -> None:
         if value % world:
             raise ValueError(f"{node.path}.{attr} = {value} is not divisible by {world} ranks")
         setattr(node.mod, attr, value // world)
+
+
+def shard_attention(attn, qkv: list[str], out: str, heads: tuple[str, ...] = (),
+                    dropout: str = "", input_sync: str = "") -> None:
+    """Megatron's attention: this rank keeps ``1/world`` of the heads. The projections ``qkv``
+    are column-parallel and ``out`` row-parallel (``shard_column_row``, with ``input_sync``),
+    the head-count attributes ``heads`` of ``attn.mod`` are divided (``divide_heads``), and
+    ``attn[dropout]``, the module whose dropout acts on the attention probabilities (this
+    rank's heads only), draws from the per-rank stream (``fork_rng``). Dropout on the
+    replicated output after ``out`` must not lie inside ``attn[dropout]``."""
+    shard_column_row(attn, qkv, out, input_sync)
+    divide_heads(attn, *heads)
+    attn[dropout].fork_rng()
 
 
 def shard_vocab(sch, embeddings: list[str], head: str, loss: str | None) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import (divide_heads, fuse_bias_gelu, sdpa_gpt_neo, shard_column_row, shard_vocab,
-                     tensor_parallel, use_sdpa)
+from .common import (fuse_bias_gelu, sdpa_gpt_neo, shard_attention, shard_column_row,
+                     shard_vocab, tensor_parallel, use_sdpa)
 
 
 def schedule(sch, opts) -> None:
@@ -16,9 +16,8 @@ def schedule(sch, opts) -> None:
             fuse_bias_gelu(layer["mlp.c_fc"], layer["mlp.act"])
     if tensor_parallel(sch, opts):
         for layer in layers:
-            shard_column_row(layer["attn.attention"], ["q_proj", "k_proj", "v_proj"], "out_proj")
-            divide_heads(layer["attn.attention"], "num_heads")
-            layer["attn.attention"]["core" if opts.kernel_opt else "attn_dropout"].fork_rng()
+            shard_attention(layer["attn.attention"], ["q_proj", "k_proj", "v_proj"], "out_proj",
+                            ("num_heads",), "core" if opts.kernel_opt else "attn_dropout")
             shard_column_row(layer["mlp"], ["c_fc"], "c_proj")
         if opts.shard_embedding:
             shard_vocab(sch, ["transformer.wte"], "lm_head", loss="causal")

@@ -4,7 +4,7 @@ so grouped-query attention keeps its group size; the SwiGLU FFN has no GeLU to f
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import shard_column_row, shard_vocab, tensor_parallel, use_sdpa
+from .common import shard_attention, shard_column_row, shard_vocab, tensor_parallel, use_sdpa
 
 
 def schedule(sch, opts) -> None:
@@ -13,8 +13,7 @@ def schedule(sch, opts) -> None:
         use_sdpa(sch)
     if tensor_parallel(sch, opts):
         for layer in layers:
-            shard_column_row(layer["self_attn"], ["q_proj", "k_proj", "v_proj"], "o_proj")
-            layer["self_attn"].fork_rng()
+            shard_attention(layer["self_attn"], ["q_proj", "k_proj", "v_proj"], "o_proj")
             shard_column_row(layer["mlp"], ["gate_proj", "up_proj"], "down_proj")
         if opts.shard_embedding:
             shard_vocab(sch, ["model.embed_tokens"], "lm_head", loss="causal")

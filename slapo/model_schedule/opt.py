@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import divide_heads, shard_column_row, shard_vocab, tensor_parallel, use_sdpa
+from .common import shard_attention, shard_column_row, shard_vocab, tensor_parallel, use_sdpa
 
 
 def schedule(sch, opts) -> None:
@@ -12,9 +12,8 @@ def schedule(sch, opts) -> None:
         use_sdpa(sch)
     if tensor_parallel(sch, opts):
         for layer in layers:
-            shard_column_row(layer["self_attn"], ["q_proj", "k_proj", "v_proj"], "out_proj")
-            divide_heads(layer["self_attn"], "num_heads")
-            layer["self_attn"].fork_rng()
+            shard_attention(layer["self_attn"], ["q_proj", "k_proj", "v_proj"], "out_proj",
+                            heads=("num_heads",))
             shard_column_row(layer, ["fc1"], "fc2", input_sync="fc1")
         if opts.shard_embedding:
             shard_vocab(sch, ["model.decoder.embed_tokens"], "lm_head", loss="causal")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import fuse_bias_gelu, shard_column_row, shard_vocab, tensor_parallel, use_sdpa
+from .common import (fuse_bias_gelu, shard_attention, shard_column_row, shard_vocab,
+                     tensor_parallel, use_sdpa)
 
 
 def schedule(sch, opts) -> None:
@@ -15,9 +16,8 @@ def schedule(sch, opts) -> None:
             fuse_bias_gelu(layer["intermediate.dense"], layer["intermediate.intermediate_act_fn"])
     if tensor_parallel(sch, opts):
         for layer in layers:
-            shard_column_row(layer["attention"], ["self.query", "self.key", "self.value"],
-                             "output.dense", input_sync="self")
-            layer["attention.self"].fork_rng()
+            shard_attention(layer["attention"], ["self.query", "self.key", "self.value"],
+                            "output.dense", dropout="self", input_sync="self")
             shard_column_row(layer, ["intermediate.dense"], "output.dense",
                              input_sync="intermediate")
         if opts.shard_embedding:

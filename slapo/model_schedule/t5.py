@@ -5,7 +5,7 @@ FFN. Both stacks count as layers for the checkpoint ratio, encoder blocks first.
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import (all_reduce_output_grad, divide_heads, shard_column_row, shard_vocab,
+from .common import (all_reduce_output_grad, shard_attention, shard_column_row, shard_vocab,
                      tensor_parallel, use_sdpa)
 
 
@@ -17,9 +17,7 @@ def schedule(sch, opts) -> None:
         use_sdpa(sch)
     if tensor_parallel(sch, opts):
         for attn in attns:
-            shard_column_row(attn, ["q", "k", "v"], "o")
-            divide_heads(attn, "n_heads", "inner_dim")
-            attn.fork_rng()
+            shard_attention(attn, ["q", "k", "v"], "o", heads=("n_heads", "inner_dim"))
             if attn.mod.has_relative_attention_bias:
                 attn["relative_attention_bias"].shard("weight", axis=1)
         for ffn in [b[f"layer.{len(b.mod.layer) - 1}.DenseReluDense"] for b in blocks]:
