@@ -12,7 +12,8 @@ count:
   (for ``deepspeed`` the paper's 1 means HF gradient checkpointing on).
 
 Modes (:data:`MODES`) are the four systems of Figure 7, the original benchmark's ``eager`` and
-``torchscript``, and the Slapo steps of the Figure 9 ablation on top of ``eager`` (Vanilla).
+``torchscript``, the Slapo steps of the Figure 9 ablation on top of ``eager`` (Vanilla), and
+the HF baselines ``hf-sdpa`` and ``hf-compile`` a user would pick instead of Slapo.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ MODES = {
     "deepspeed": "HF model on DeepSpeed ZeRO-3, micro-batch = batch / GPUs",
     "slapo-deepspeed": "HF model + Slapo schedule on DeepSpeed ZeRO-3 (Slapo-ZeRO3)",
     "eager": "the HF model as is, data parallel (Figure 9: Vanilla)",
+    "hf-sdpa": "the HF model with HF's SDPA attention, data parallel (a one-GPU baseline)",
+    "hf-compile": "the HF model (SDPA) under torch.compile, data parallel (a one-GPU baseline)",
     "torchscript": "original benchmark's TorchScript mode; parsed, reported unsupported",
     "slapo-kernel": "Figure 9 '+ Kernel Opt': fused attention and bias+GeLU kernels",
     "slapo-tp-attn-ffn": "Figure 9 '+ Attn/FFN TP': kernels + TP of attention and FFN",

@@ -7,6 +7,8 @@
 | deepspeed         | deepspeed_zero3.py | HF model on DeepSpeed ZeRO-3                        |
 | slapo-deepspeed   | slapo_zero3.py     | HF model + Slapo schedule on ZeRO-3 (Slapo-ZeRO3)   |
 | eager             | eager.py           | HF model as is, data parallel (Figure 9: Vanilla)   |
+| hf-sdpa           | eager.py           | HF model with HF's SDPA attention, data parallel    |
+| hf-compile        | eager.py           | HF model (SDPA) under torch.compile, data parallel  |
 | slapo-kernel      | slapo_tp.py        | + Kernel Opt (no TP)                                |
 | slapo-tp-attn-ffn | slapo_tp.py        | + Attn/FFN TP (embedding whole)                     |
 | slapo-tp-full     | slapo_tp.py        | + Embedding TP                                      |
@@ -30,6 +32,8 @@ _MODULES = {
     "deepspeed": ("deepspeed_zero3", "DeepSpeedZero3System"),
     "slapo-deepspeed": ("slapo_zero3", "SlapoZero3System"),
     "eager": ("eager", "EagerSystem"),
+    "hf-sdpa": ("eager", "HFSdpaSystem"),
+    "hf-compile": ("eager", "HFCompileSystem"),
 }
 
 

@@ -179,13 +179,13 @@ def hf_overrides(spec) -> dict:
     return overrides
 
 
-def build_hf_model(spec, device) -> torch.nn.Module:
-    """The zoo model of ``spec`` with the run's seed, fp32 parameters, HF eager attention
-    (the model "as is", as the paper's baselines ran it)."""
+def build_hf_model(spec, device, attn_implementation: str = "eager") -> torch.nn.Module:
+    """The zoo model of ``spec`` with the run's seed and fp32 parameters; HF eager attention
+    by default (the model "as is", as the paper's baselines ran it)."""
     from slapo.models import build_model
 
     return build_model(spec.model, device=device, dtype=torch.float32, seed=spec.seed,
-                       **hf_overrides(spec))
+                       attn_implementation=attn_implementation, **hf_overrides(spec))
 
 
 def checkpoint_every_layer(model, notes: list[str]) -> None:
