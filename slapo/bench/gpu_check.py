@@ -154,7 +154,7 @@ def judge(folder) -> list[Verdict]:
 
 
 def run(cfg, out, steps: int, warmup: int, dtype: str, device: str, budget_s: float,
-        timeout_s: float | None) -> int:
+        timeout_s: float) -> int:
     """Run every case of ``cfg`` not yet settled in ``out``; returns how many were left out."""
     from slapo.bench.cases import parse_cfg
     from slapo.bench.cli import build_parser, spec_from_args
@@ -183,9 +183,7 @@ def run(cfg, out, steps: int, warmup: int, dtype: str, device: str, budget_s: fl
                 "--batch-size", str(case.batch_size), "--ckpt", case.ckpt_token,
                 "--steps", str(steps), "--warmup", str(warmup), "--dtype", dtype,
                 "--device", device, "--case-id", case.id, "--out", str(record_path),
-                "--log", str(out / "logs" / f"{case.id}.log")]
-        if timeout_s is not None:
-            args += ["--timeout", str(timeout_s)]
+                "--log", str(out / "logs" / f"{case.id}.log"), "--timeout", str(timeout_s)]
         record = run_case(spec_from_args(build_parser().parse_args(args)))
         m = record.metrics
         what = (f"{m.samples_per_s:.4g} samples/s" if record.status == "ok"
@@ -207,9 +205,11 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"))
     p.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
-    p.add_argument("--budget", type=float, default=420.0,
-                   help="seconds after which no new case starts (default 420)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per case")
+    # Defaults sized for a 10-minute device call: no case starts after 6 minutes, and a case
+    # runs for at most 3.
+    p.add_argument("--budget", type=float, default=360.0,
+                   help="seconds after which no new case starts (default 360)")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per case (default 180)")
     p = sub.add_parser("judge", help="judge the records of a folder")
     p.add_argument("folder")
     args = parser.parse_args(argv)

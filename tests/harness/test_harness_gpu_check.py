@@ -93,7 +93,7 @@ def test_run_on_cpu_ranks_resumes_and_keeps_to_its_budget(tmp_path):
     cfg.write_text(CFG)
     out = tmp_path / "records"
     proc = gpu_check("run", cfg, "--out", out, "--device", "cpu", "--dtype", "fp32",
-                     "--steps", "3", "--warmup", "1")
+                     "--steps", "3", "--warmup", "1", "--timeout", "900")
     assert "slapo-megatron__bert-tiny__g1__s16__b4__c0: ok:" in proc.stdout
     assert "hf-sdpa__gpt-neo-tiny__g1__s16__b4__c0: unsupported: transformers has no SDPA" \
         in proc.stdout
@@ -111,7 +111,7 @@ def test_run_on_cpu_ranks_resumes_and_keeps_to_its_budget(tmp_path):
     # starts nothing new.
     (out / "hf-sdpa__bert-tiny__g1__s16__b4__c0.json").unlink()
     proc = gpu_check("run", cfg, "--out", out, "--device", "cpu", "--dtype", "fp32",
-                     "--steps", "3", "--warmup", "1", "--budget", "0")
+                     "--steps", "3", "--warmup", "1", "--timeout", "900", "--budget", "0")
     assert "slapo-megatron__bert-tiny__g1__s16__b4__c0: ok already, kept" in proc.stdout
     assert "hf-sdpa__gpt-neo-tiny__g1__s16__b4__c0: unsupported already, kept" in proc.stdout
     assert "hf-sdpa__bert-tiny__g1__s16__b4__c0: not started, the budget" in proc.stdout
