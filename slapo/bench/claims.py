@@ -270,6 +270,30 @@ def _fmt(value) -> str:
     return str(value)
 
 
+# The table of each claim's points in claims.md: (column header, point key, right-aligned).
+CLAIM_COLUMNS = {
+    "C1": [("model", "model", False), ("GPUs", "gpus", True), ("verdict", "verdict", False),
+           ("why", "why", False), ("samples/s", "samples_per_s", False),
+           ("hardware", "hardware", False)],
+    "C2": [("model", "model", False), ("GPUs", "gpus", True), ("verdict", "verdict", False),
+           ("speedup", "speedup", True), ("best Slapo", "best_slapo", False),
+           ("best baseline", "best_baseline", False), ("hardware", "hardware", False)],
+    "C3": [("model", "model", False), ("verdict", "verdict", False),
+           ("LoC (artifact rule)", "loc_artifact", True), ("paper", "paper_loc", True),
+           ("statements", "loc_statements", True), ("why", "why", False)],
+    "C4": [("step", "step", False), ("over", "previous", False), ("verdict", "verdict", False),
+           ("why", "why", False), ("samples/s", "samples_per_s", False),
+           ("hardware", "hardware", False)],
+}
+
+
+def _table(columns, points) -> list[str]:
+    rows = ["| " + " | ".join(header for header, _, _ in columns) + " |",
+            "|" + "|".join("---:" if right else "---" for _, _, right in columns) + "|"]
+    rows += ["| " + " | ".join(_fmt(p[key]) for _, key, _ in columns) + " |" for p in points]
+    return rows
+
+
 def to_markdown(result: dict) -> str:
     lines = ["# Claims of the Slapo paper, checked", ""]
     lines += [f"Profile: {result['profile'] or '-'}. Generated {result['generated_at']}.", "",
@@ -299,28 +323,7 @@ def to_markdown(result: dict) -> str:
         if not c["points"]:
             lines.append("No data points: NOT-RUN.")
             continue
-        if c["id"] in ("C1",):
-            lines += ["| model | GPUs | verdict | why | samples/s | hardware |",
-                      "|---|---:|---|---|---|---|"]
-            lines += [f"| {p['model']} | {p['gpus']} | {p['verdict']} | {p['why']} | "
-                      f"{_fmt(p['samples_per_s'])} | {p['hardware']} |" for p in c["points"]]
-        elif c["id"] == "C2":
-            lines += ["| model | GPUs | verdict | speedup | best Slapo | best baseline | hardware |",
-                      "|---|---:|---|---:|---|---|---|"]
-            lines += [f"| {p['model']} | {p['gpus']} | {p['verdict']} | {_fmt(p['speedup'])} | "
-                      f"{_fmt(p['best_slapo'])} | {_fmt(p['best_baseline'])} | {p['hardware']} |"
-                      for p in c["points"]]
-        elif c["id"] == "C3":
-            lines += ["| model | verdict | LoC (artifact rule) | paper | statements | why |",
-                      "|---|---|---:|---:|---:|---|"]
-            lines += [f"| {p['model']} | {p['verdict']} | {_fmt(p['loc_artifact'])} | "
-                      f"{p['paper_loc']} | {_fmt(p['loc_statements'])} | {p['why']} |"
-                      for p in c["points"]]
-        else:
-            lines += ["| step | over | verdict | why | samples/s | hardware |",
-                      "|---|---|---|---|---|---|"]
-            lines += [f"| {p['step']} | {p['previous']} | {p['verdict']} | {p['why']} | "
-                      f"{_fmt(p['samples_per_s'])} | {p['hardware']} |" for p in c["points"]]
+        lines += _table(CLAIM_COLUMNS[c["id"]], c["points"])
     return "\n".join(lines) + "\n"
 
 
