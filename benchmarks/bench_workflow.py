@@ -6,9 +6,9 @@
 3. wall time of the ``cpu`` profile from scratch (every case really trained on CPU ranks, the
    aggregates, figures, Table 4 and claims) -- long; skip with ``--skip-cpu``.
 
-Each runs in a temporary copy of the repository, so ``results/`` here is left alone. From
-scratch means that: DeepSpeed's CPU communication op is compiled once, into the copy's
-``.cache/torch_extensions`` (``--shared-extensions`` reuses this checkout's cache instead).
+Each runs in a temporary copy of the repository (no Snakemake state, no results, its own
+``.cache``), so ``results/`` here is left alone. Nothing is compiled on the way: the harness
+marks DeepSpeed's CPU communication op incompatible (slapo/bench/systems/deepspeed_zero3.py).
 
     python benchmarks/bench_workflow.py [--skip-cpu] [--skip-dag] [--cores 2] [--json out.json]
 """
@@ -69,17 +69,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-cpu", action="store_true", help="skip the cpu-profile run")
     parser.add_argument("--skip-dag", action="store_true", help="skip the paper-DAG timings")
-    parser.add_argument("--shared-extensions", action="store_true",
-                        help="reuse this checkout's .cache/torch_extensions")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--json", help="also write the numbers here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary copies")
     args = parser.parse_args(argv)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    if args.shared_extensions:
-        env["TORCH_EXTENSIONS_DIR"] = str(ROOT / ".cache" / "torch_extensions")
-    else:
-        env.pop("TORCH_EXTENSIONS_DIR", None)  # the copy's own .cache (run_case's default)
+    env.pop("TORCH_EXTENSIONS_DIR", None)  # the copy's own .cache (run_case's default)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     results = {"host": platform.node(), "cpus": os.cpu_count(), "cores": args.cores}
     tmp = Path(tempfile.mkdtemp(prefix="bench_workflow_"))
