@@ -36,6 +36,15 @@ T2_MIN_SPEEDUP = 2.0
 T3_MIN_MFU = 0.45
 T1_BASELINES = ("hf-sdpa", "hf-compile", "megatron")
 SLAPO_MODES = ("slapo-megatron", "slapo-deepspeed")
+# REFERENCE.md's anchors on one H200 (bf16, AdamW, 10 timed steps after 3 warm-up), samples/s,
+# shown beside the measured numbers in summary.md (megatron's is its GPT-1.3B for GPT-Neo).
+H200_ANCHORS = {
+    ("bert-large-uncased", "eager"): 160, ("bert-large-uncased", "hf-sdpa"): 271,
+    ("bert-large-uncased", "hf-compile"): 228, ("bert-large-uncased", "deepspeed"): 63,
+    ("EleutherAI/gpt-neo-1.3B", "eager"): 21.9, ("EleutherAI/gpt-neo-1.3B", "hf-compile"): 49.6,
+    ("EleutherAI/gpt-neo-1.3B", "deepspeed"): 14.5, ("EleutherAI/gpt-neo-1.3B", "megatron"): 25.9,
+    ("facebook/opt-1.3b", "hf-sdpa"): 48.2, ("llama-1.1b", "hf-sdpa"): 46.2,
+}
 SETTLED = ("ok", "unsupported")  # a rerun keeps these records; failed and oom cases run again
 
 
@@ -141,13 +150,14 @@ def judge(folder) -> list[Verdict]:
                                              else f"{v.value:.2f}x")
         needed = f"{v.threshold:.0%}" if v.target == "T3" else f"{v.threshold:g}x"
         lines.append(f"| {v.model} | {v.target} | {v.verdict} | {value} | {needed} | {v.detail} |")
-    lines += ["", "| model | mode | status | samples/s | TFLOPS | MFU | peak GiB |",
-              "|---|---|---|---:|---:|---:|---:|"]
+    lines += ["", "| model | mode | status | samples/s | TFLOPS | MFU | peak GiB | "
+              "REFERENCE.md H200 anchor |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for (model, mode), r in sorted(records.items()):
         m = r.metrics
         cells = ([f"{m.samples_per_s:.4g}", f"{m.tflops_per_gpu:.4g}",
                   "-" if m.mfu is None else f"{m.mfu:.1%}",
                   f"{max(m.peak_mem_bytes) / 2**30:.1f}"] if r.status == "ok" else ["-"] * 4)
+        cells.append(str(H200_ANCHORS.get((model, mode), "-")))
         lines.append(f"| {model} | {mode} | {r.status} | " + " | ".join(cells) + " |")
     (folder / "summary.md").write_text("\n".join(lines) + "\n")
     return verdicts

@@ -70,7 +70,8 @@ def test_judge_writes_the_summary(tmp_path):
     assert [v["verdict"] for v in summary["verdicts"]] == ["PASS", "NOT-RUN", "PASS"]
     text = (tmp_path / "summary.md").read_text()
     assert "| bert-large-uncased | T1 | PASS | 1.65x | 1.1x |" in text
-    assert "| bert-large-uncased | slapo-megatron | ok | 330 | 330 | 50.0% | 1.0 |" in text
+    assert "| bert-large-uncased | slapo-megatron | ok | 330 | 330 | 50.0% | 1.0 | - |" in text
+    assert "| bert-large-uncased | hf-sdpa | ok | 200 | 200 | - | 1.0 | 271 |" in text
     judge(tmp_path)  # summary.json beside the records is not read as a record
 
 
