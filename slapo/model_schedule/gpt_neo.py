@@ -16,6 +16,7 @@ def schedule(sch, opts) -> None:
             fuse_bias_gelu(layer["mlp.c_fc"], layer["mlp.act"])
     if tensor_parallel(sch, opts):
         for layer in layers:
+            # heads to divide; the probability dropout is in the SDPA core, or HF's attn_dropout
             shard_attention(layer["attn.attention"], ["q_proj", "k_proj", "v_proj"], "out_proj",
                             ("num_heads",), "core" if opts.kernel_opt else "attn_dropout")
             shard_column_row(layer["mlp"], ["c_fc"], "c_proj")
