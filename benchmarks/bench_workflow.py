@@ -28,19 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COPY = ["Snakefile", "workflow", "configs", "slapo", "tests/workflow/fake_harness.py"]
-IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake")
-
-
-def copy_repo(dest: Path) -> Path:
-    for rel in COPY:
-        src = ROOT / rel
-        if src.is_dir():
-            shutil.copytree(src, dest / rel, ignore=IGNORE)
-        else:
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    return dest
+sys.path.insert(0, str(ROOT / "tests" / "workflow"))
+from wf_util import copy_workflow  # noqa: E402  (the workflow tests' sandbox)
 
 
 def children_cpu_s() -> float:
@@ -80,7 +69,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench_workflow_"))
     try:
         # 1-2: the paper DAG, dry run and no-op rerun (fake harness, pretend 8 GPUs)
-        repo = copy_repo(tmp / "paper") if not args.skip_dag else None
+        repo = copy_workflow(tmp / "paper") if not args.skip_dag else None
         paper = ["--config", "profile=paper", "gpus=8",
                  f"gpu_slots_dir={tmp / 'slots'}", "harness=python tests/workflow/fake_harness.py"]
         if repo is not None:
@@ -100,7 +89,7 @@ def main(argv=None) -> int:
 
         # 3: the cpu profile from scratch, real harness
         if not args.skip_cpu:
-            repo = copy_repo(tmp / "cpu")
+            repo = copy_workflow(tmp / "cpu")
             cpu0, load0 = children_cpu_s(), os.getloadavg()
             took, proc = snakemake(repo, "--config", "profile=cpu", "--cores", str(args.cores),
                                    env=env)

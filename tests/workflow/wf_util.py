@@ -137,7 +137,9 @@ def parse_dry_run(text: str) -> dict:
     return jobs
 
 
-def make_repo(dest: Path) -> Repo:
+def copy_workflow(dest: Path) -> Path:
+    """Copy what the workflow needs to run (Snakefile, workflow/, configs/, slapo/ and the fake
+    harness) from this repository into ``dest``; also used by benchmarks/bench_workflow.py."""
     dest.mkdir(parents=True, exist_ok=True)
     for rel in COPY:
         src = REPO / rel
@@ -146,6 +148,11 @@ def make_repo(dest: Path) -> Repo:
         else:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
+    return dest
+
+
+def make_repo(dest: Path) -> Repo:
+    copy_workflow(dest)
     (dest / "configs" / "e2e" / "test.cfg").write_text(E2E_CFG)
     (dest / "configs" / "ablation" / "test.cfg").write_text(ABLATION_CFG)
     repo = Repo(dest)
