@@ -4,7 +4,7 @@
     python -m slapo.bench.gpu_check judge results/reference/h200
 
 ``run`` runs the cases of a cfg file one after another through the harness
-(:func:`slapo.bench.launch.run_case`: its own ranks, timeout and record per case), writing
+(``slapo-bench run`` in this process: its own ranks, timeout and record per case), writing
 ``OUT/<case id>.json`` and ``OUT/logs/<case id>.log``. A case whose record is already ``ok`` or
 ``unsupported`` is kept (a rerun resumes and retries failures); past ``--budget`` seconds no new
 case starts. It ends with ``judge``.
@@ -166,9 +166,8 @@ def judge(folder) -> list[Verdict]:
 def run(cfg, out, steps: int, warmup: int, dtype: str, device: str, budget_s: float,
         timeout_s: float) -> int:
     """Run every case of ``cfg`` not yet settled in ``out``; returns how many were left out."""
+    from slapo.bench import cli
     from slapo.bench.cases import parse_cfg
-    from slapo.bench.cli import build_parser, spec_from_args
-    from slapo.bench.launch import run_case
     from slapo.bench.record import RecordError, read_record
 
     out = Path(out)
@@ -194,12 +193,10 @@ def run(cfg, out, steps: int, warmup: int, dtype: str, device: str, budget_s: fl
                 "--steps", str(steps), "--warmup", str(warmup), "--dtype", dtype,
                 "--device", device, "--case-id", case.id, "--out", str(record_path),
                 "--log", str(out / "logs" / f"{case.id}.log"), "--timeout", str(timeout_s)]
-        record = run_case(spec_from_args(build_parser().parse_args(args)))
-        m = record.metrics
-        what = (f"{m.samples_per_s:.4g} samples/s" if record.status == "ok"
-                else (record.reason or "").splitlines()[0][:160])
-        print(f"{case.id}: {record.status}: {what} "
-              f"[{time.monotonic() - start - elapsed:.0f} s; {time.monotonic() - start:.0f} s "
+        # `slapo-bench run`: prints "<id>: <status>: <samples/s or reason> -> <record>", and
+        # leaves a failed record even when the harness itself breaks.
+        cli.main(args)
+        print(f"  [{time.monotonic() - start - elapsed:.0f} s; {time.monotonic() - start:.0f} s "
               f"in all]", flush=True)
     return skipped
 
