@@ -38,11 +38,10 @@ def wrap_data_parallel(model, ctx):
 class EagerSystem(NativeTrainer):
     mode = "eager"
     description = "the HF model as is (HF eager attention), data parallel over the ranks"
-    attention = "eager"
     compiled = False
 
-    def attn_implementation(self) -> str | None:
-        return self.attention
+    def attn_implementation(self) -> str:
+        return "eager"
 
     def setup(self) -> None:
         attention = self.attn_implementation()
@@ -66,7 +65,9 @@ class EagerSystem(NativeTrainer):
 class HFSdpaSystem(EagerSystem):
     mode = "hf-sdpa"
     description = "the HF model with HF's SDPA attention, data parallel over the ranks"
-    attention = "sdpa"
+
+    def attn_implementation(self) -> str:
+        return "sdpa"
 
     @classmethod
     def check(cls, spec) -> None:
@@ -83,7 +84,7 @@ class HFCompileSystem(EagerSystem):
     description = "the HF model (SDPA where HF has it) under torch.compile, data parallel"
     compiled = True
 
-    def attn_implementation(self) -> str | None:
+    def attn_implementation(self) -> str:
         from slapo.models import model_family
 
         return "eager" if model_family(self.spec.model) in NO_HF_SDPA else "sdpa"
