@@ -28,11 +28,10 @@ import uuid
 from pathlib import Path
 
 from slapo.bench.record import Metrics, Record, RecordError, collect_env, now, read_record, write_record
+from slapo.bench.process import own_session_and_parent_death_signal, stop_tree
 from slapo.bench.runspec import RunSpec
 
 LOG_TAIL_LINES = 20
-KILL_GRACE_S = 10
-PR_SET_PDEATHSIG = 1
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
@@ -119,66 +118,6 @@ def _own_record(spec: RunSpec) -> Record | None:
     return record if record.metrics.extra.get("run_id") == spec.run_id else None
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM torchrun's process group (torchrun then stops its ranks), wait, then SIGKILL
-    torchrun and every process below it: torchrun starts each rank in a session of its own,
-    so a signal to torchrun's group alone does not reach them."""
-    tree = _descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    for pid in [proc.pid, *tree, *_descendants(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _child_setup_fn():
-    """The ``preexec_fn`` of torchrun: a session of its own (so it can be killed as a group),
-    and SIGTERM when the harness dies (Linux), so no launch outlives its parent. libc is
-    loaded here, before the fork: the child runs no imports."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        prctl = None
-
-    def setup() -> None:
-        os.setsid()
-        if prctl is not None:
-            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return setup
-
-
 def _exit_text(rc: int) -> str:
     if rc < 0:
         try:
@@ -234,7 +173,7 @@ def launch(spec: RunSpec) -> Record:
 
     def on_signal(signum, frame):  # the job was cancelled: take the ranks with us
         if proc is not None:
-            _kill_group(proc)
+            stop_tree(proc)
         raise SystemExit(128 + signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -248,13 +187,13 @@ def launch(spec: RunSpec) -> Record:
             log.flush()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=worker_env(),
-                                    preexec_fn=_child_setup_fn())
+                                    preexec_fn=own_session_and_parent_death_signal())
             timed_out = False
             try:
                 rc = proc.wait(timeout=spec.timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _kill_group(proc)
+                stop_tree(proc)
                 rc = proc.returncode
             log.write(f"# slapo-bench: torchrun {_exit_text(rc) if rc is not None else 'killed'}"
                       f"{' after the timeout' if timed_out else ''}\n")

@@ -24,7 +24,6 @@ are only ever written atomically (:func:`slapo.bench.record.write_record`).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -36,15 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from slapo.bench.process import own_session_and_parent_death_signal, stop_tree
 from slapo.bench.record import Record, RecordError, collect_env, now, read_record, write_record
 from slapo.bench.workflow.gpu_slots import GpuSlots
 
 GRACE_S = 120  # the hard timeout is the case's timeout plus this
-KILL_WAIT_S = 10  # after SIGTERM, how long to wait before SIGKILL
 DEFAULT_HARNESS = "python -m slapo.bench.cli"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
                "TOKENIZERS_PARALLELISM": "false", "DS_BUILD_OPS": "0"}
-_PR_SET_PDEATHSIG = 1
 
 
 class Interrupted(Exception):
@@ -114,28 +112,6 @@ def _valid_record(out: str) -> bool:
     except RecordError:
         return False
     return True
-
-
-def _set_pdeathsig():  # runs in the child: die with the runner even if it is SIGKILLed
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the harness's process group, then SIGKILL it if it lingers."""
-    for sig, wait in ((signal.SIGTERM, KILL_WAIT_S), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 class _Notes:
@@ -214,21 +190,21 @@ def _run(spec, out, log, harness, slots_dir, slots_total, grace, note) -> int:
     proc = None
     try:
         proc = subprocess.Popen(cmd, env=env, stdout=note.output, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=_set_pdeathsig,
+                                stdin=subprocess.DEVNULL,
+                                preexec_fn=own_session_and_parent_death_signal(),
                                 pass_fds=tuple(alloc.fds) if alloc else ())
         t0 = time.monotonic()
         try:
             rc = proc.wait(timeout=spec["timeout"] + grace)
             reason = f"the harness exited with code {rc} and wrote no valid record"
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            stop_tree(proc)
             rc = None
             reason = (f"killed after {time.monotonic() - t0:.0f} s: over the case's "
                       f"timeout ({spec['timeout']} s) plus {grace:g} s")
     except Interrupted as err:
         if proc is not None:
-            _stop(proc)
+            stop_tree(proc)
         note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
         return 128 + err.signum
     finally:
