@@ -1,14 +1,14 @@
 """Table 4: lines of schedule code per model, beside the paper's numbers.
 
 Each family's schedule (``slapo/model_schedule/<family>.py``) is counted by
-:mod:`slapo.model_schedule.loc` (:func:`default_counter`), two numbers per family:
+:func:`slapo.model_schedule.loc.count_loc`, two numbers per family:
 
 - ``artifact``: the original artifact's rule (the schedule file's lines, leaving out lines
   that contain ``for``), comparable with the paper's row;
 - ``statements``: logical statements of schedule code.
 
-A family without a schedule file (or without the counter) gets an empty row marked
-``missing``, never a made-up number.
+A family whose schedule cannot be counted gets an empty row marked ``missing``, never a
+made-up number.
 
     python -m slapo.bench.table4 --csv results/loc.csv --md figures/table4.md --tex figures/table4.tex
 """
@@ -16,60 +16,38 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-# (label, family, the paper's LoC), in Table 4's column order (REFERENCE.md).
-PAPER_LOC = (
-    ("WideResNet", "wideresnet", 12),
-    ("T5", "t5", 11),
-    ("RoBERTa", "roberta", 21),
-    ("LLaMA", "llama", 11),
-    ("OPT", "opt", 10),
-    ("BERT", "bert", 21),
-    ("GPT", "gpt_neo", 10),
-)
+from slapo.model_schedule.loc import PAPER_LOC, count_loc
+
+# (label, family) in Table 4's column order (REFERENCE.md); the paper's numbers are loc's.
+MODELS = (("WideResNet", "wideresnet"), ("T5", "t5"), ("RoBERTa", "roberta"), ("LLaMA", "llama"),
+          ("OPT", "opt"), ("BERT", "bert"), ("GPT", "gpt_neo"))
 COLUMNS = ["model", "family", "paper_loc", "loc_artifact", "loc_statements", "status", "note"]
 ARTIFACT_RULE = "lines of the schedule file, leaving out lines that contain `for`"
 
 
-def default_counter():
-    """The line counter of :mod:`slapo.model_schedule.loc` as ``family -> {"artifact",
-    "statements"}``, or None if there is none. Takes ``count_schedule_lines(family)`` (that
-    mapping) or ``count_loc(family)`` (an object with ``lines`` and ``statements``)."""
-    try:
-        from slapo.model_schedule import loc
-    except ImportError:
-        return None
-    if hasattr(loc, "count_schedule_lines"):
-        return loc.count_schedule_lines
-    if hasattr(loc, "count_loc"):
-        def count(family):
-            counted = loc.count_loc(family)
-            return {"artifact": counted.lines, "statements": counted.statements}
-        return count
-    return None
+def count_schedule(family: str) -> dict:
+    """``{"artifact", "statements"}`` of ``family``'s schedule (:func:`count_loc`)."""
+    counted = count_loc(family)
+    return {"artifact": counted.lines, "statements": counted.statements}
 
 
-def loc_table(counter=None):
-    """The Table 4 DataFrame (:data:`COLUMNS`); ``counter(family) -> {"artifact", "statements"}``
-    defaults to :func:`default_counter`."""
+def loc_table(counter=count_schedule):
+    """The Table 4 DataFrame (:data:`COLUMNS`); ``counter(family) -> {"artifact",
+    "statements"}``."""
     import pandas as pd
 
-    counter = default_counter() if counter is None else counter
     rows = []
-    for label, family, paper in PAPER_LOC:
-        row = {"model": label, "family": family, "paper_loc": paper, "loc_artifact": None,
-               "loc_statements": None, "status": "missing", "note": ""}
-        if counter is None:
-            row["note"] = "no line counter (slapo.model_schedule.loc) available"
-        else:
-            try:
-                counts = counter(family)
-                row["loc_artifact"] = int(counts["artifact"])
-                row["loc_statements"] = int(counts["statements"])
-                row["status"] = "ok"
-            except Exception as err:  # a missing schedule is a row, not a crash
-                row["note"] = f"{type(err).__name__}: {err}"
+    for label, family in MODELS:
+        row = {"model": label, "family": family, "paper_loc": PAPER_LOC[family],
+               "loc_artifact": None, "loc_statements": None, "status": "missing", "note": ""}
+        try:
+            counts = counter(family)
+            row["loc_artifact"] = int(counts["artifact"])
+            row["loc_statements"] = int(counts["statements"])
+            row["status"] = "ok"
+        except Exception as err:  # a missing schedule is a row, not a crash
+            row["note"] = f"{type(err).__name__}: {err}"
         rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS).astype({"loc_artifact": "Int64",
                                                        "loc_statements": "Int64"})
