@@ -37,12 +37,18 @@ COLUMNS = [
 ABLATION_COLUMNS = ["step", "step_label", "speedup_vs_vanilla"]
 
 
-def _label(model: str, root: Path) -> str:
+def model_meta(model: str, root: Path) -> dict:
+    """The ``_slapo`` block (family, paper label) of ``configs/models/<model>.json`` under
+    ``root``, read as JSON so that tables and figures need no torch; {} if there is none."""
     try:
-        data = json.loads((root / "configs" / "models" / f"{model}.json").read_text())
-        return data["_slapo"].get("paper_label") or model
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return model
+        meta = json.loads((root / "configs" / "models" / f"{model}.json").read_text())["_slapo"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _label(model: str, root: Path) -> str:
+    return model_meta(model, root).get("paper_label") or model
 
 
 def record_row(path, root: Path | str = ".") -> dict:

@@ -14,12 +14,12 @@ unsupported, failed) with an X where its bar would be, as the paper does; the le
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
-from slapo.bench.aggregate import ABLATION_LABELS, ABLATION_STEPS, SYSTEM_LABELS, SYSTEMS
+from slapo.bench.aggregate import (ABLATION_LABELS, ABLATION_STEPS, SYSTEM_LABELS, SYSTEMS,
+                                   model_meta)
 
 COLORS = {"megatron": "#4c72b0", "deepspeed": "#dd8452", "slapo-megatron": "#55a868",
           "slapo-deepspeed": "#c44e52"}
@@ -37,21 +37,13 @@ def _plt():
     return plt
 
 
-def _family(model: str, root: Path) -> str | None:
-    try:
-        return json.loads((root / "configs" / "models" / f"{model}.json").read_text())[
-            "_slapo"]["family"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def model_order(models, root: Path | str = ".") -> list[str]:
     """Models in the paper's panel order (BERT, RoBERTa, GPT, OPT, T5, WideResNet, then
     others), by family, then by name."""
     root = Path(root)
 
     def key(model):
-        family = _family(model, root)
+        family = model_meta(model, root).get("family")
         rank = FAMILY_ORDER.index(family) if family in FAMILY_ORDER else len(FAMILY_ORDER)
         return rank, model
 
