@@ -24,6 +24,7 @@ from slapo.bench.aggregate import write_text
 from slapo.bench.record import RecordError, read_record
 from slapo.bench.workflow import run_case
 
+
 def pytest_summary(output: str) -> str | None:
     """The last summary line of pytest's output (``12 passed, 1 skipped in 3.4s``)."""
     for line in reversed(output.splitlines()):

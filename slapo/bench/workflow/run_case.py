@@ -35,14 +35,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from slapo.bench import launch
 from slapo.bench.process import own_session_and_parent_death_signal, stop_tree
 from slapo.bench.record import Record, RecordError, collect_env, now, read_record, write_record
 from slapo.bench.workflow.gpu_slots import GpuSlots
 
 GRACE_S = 120  # the hard timeout is the case's timeout plus this
 DEFAULT_HARNESS = "python -m slapo.bench.cli"
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-               "TOKENIZERS_PARALLELISM": "false", "DS_BUILD_OPS": "0"}
+# The harness's own environment (offline, one thread a rank), and no DeepSpeed op builds.
+OFFLINE_ENV = {**launch.OFFLINE_ENV, "DS_BUILD_OPS": "0"}
 
 
 class Interrupted(Exception):
