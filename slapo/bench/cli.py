@@ -5,6 +5,7 @@
                     --batch-size B [--ckpt C] --steps K --warmup W [--dtype fp32|fp16|bf16]
                     --out PATH.json [--log PATH] [--timeout S] [--case-id ID] [--device ...]
                     [--seed N] [--lr X] [--no-dropout] [--override KEY=VALUE ...]
+                    [--cores C] [--profile DIR]
 
 ``cases`` expands a cfg file into its cases, or exits 2 with ``file:line: message`` lines.
 ``run`` runs one case on N ranks and writes its record; it exits 0 whenever a record was
@@ -21,6 +22,7 @@ from pathlib import Path
 from slapo.bench import cases as _cases
 from slapo.bench import expr as _expr
 from slapo.bench.runspec import DEFAULT_LR, DEFAULT_SEED, DTYPES, RunSpec, default_timeout
+from slapo.bench.threads import available_cores
 
 EXIT_USAGE = 2
 
@@ -115,12 +117,16 @@ def spec_from_args(args) -> RunSpec:
     timeout = args.timeout if args.timeout is not None else default_timeout(device, args.steps)
     if timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout}")
+    cores = args.cores if args.cores is not None else available_cores()
+    if cores < 1:
+        raise UsageError(f"--cores must be at least 1, got {cores}")
     return RunSpec(mode=args.mode, model=args.model, gpus=args.gpus, seq_len=args.seq_len,
                    dec_seq_len=args.dec_seq_len, batch_size=batch, batch_expr=args.batch_size,
                    ckpt=ckpt, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                    device=device, out=str(out), log=args.log or str(out.with_suffix(".log")),
                    timeout=float(timeout), case_id=args.case_id, seed=args.seed, lr=args.lr,
-                   no_dropout=args.no_dropout, overrides=overrides)
+                   no_dropout=args.no_dropout, overrides=overrides, cores=cores,
+                   profile_dir=args.profile)
 
 
 def cmd_run(args) -> int:
@@ -197,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "with the models' dropout)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="model config field (VALUE parsed as JSON when it can be)")
+    p.add_argument("--cores", type=int, default=None,
+                   help="CPU cores the case holds; each of its ranks runs max(1, CORES // "
+                        "ranks) threads, whatever OMP_NUM_THREADS says (default: the cores "
+                        "this process may run on)")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="profile the timed steps with torch.profiler: each rank writes its "
+                        "operator table and trace to DIR (slows the run; the record says so)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(func=cmd_run)
     return parser

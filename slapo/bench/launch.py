@@ -30,9 +30,10 @@ from pathlib import Path
 from slapo.bench.record import Metrics, Record, RecordError, collect_env, now, read_record, write_record
 from slapo.bench.process import own_session_and_parent_death_signal, stop_tree
 from slapo.bench.runspec import RunSpec
+from slapo.bench.threads import thread_env
 
 LOG_TAIL_LINES = 20
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
 
@@ -41,12 +42,14 @@ def repo_root() -> Path | None:
     return root if (root / ".git").exists() else None
 
 
-def worker_env() -> dict:
-    """The ranks' environment: offline, one OpenMP thread per rank unless set, and DeepSpeed's
-    extension cache in ``<repo>/.cache/torch_extensions`` unless ``TORCH_EXTENSIONS_DIR`` is set."""
+def worker_env(spec: RunSpec) -> dict:
+    """The ranks' environment: offline, the case's thread budget whatever the caller's
+    environment holds (:mod:`slapo.bench.threads`), and DeepSpeed's extension cache in
+    ``<repo>/.cache/torch_extensions`` unless ``TORCH_EXTENSIONS_DIR`` is set."""
     env = dict(os.environ)
     for key, value in OFFLINE_ENV.items():
         env.setdefault(key, value)
+    env.update(thread_env(spec.thread_budget()))
     root = repo_root()
     if "TORCH_EXTENSIONS_DIR" not in env and root is not None:
         env["TORCH_EXTENSIONS_DIR"] = str(root / ".cache" / "torch_extensions")
@@ -83,7 +86,8 @@ def parent_record(spec: RunSpec, status: str, reason: str, **extra) -> Record:
     return Record(status=status, case=spec.case_dict(), reason=reason,
                   metrics=Metrics(extra={"run_id": spec.run_id, "dtype": spec.dtype,
                                          "device": spec.device, **extra}),
-                  env=collect_env(), log_path=spec.log, started_at=_iso(spec.launch_time),
+                  env={**collect_env(), **spec.thread_budget().as_env_record()},
+                  log_path=spec.log, started_at=_iso(spec.launch_time),
                   finished_at=now())
 
 
@@ -186,7 +190,7 @@ def launch(spec: RunSpec) -> Record:
                       f"# {' '.join(cmd[:7])} ... (timeout {spec.timeout:g} s)\n")
             log.flush()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=worker_env(),
+                                    stdin=subprocess.DEVNULL, env=worker_env(spec),
                                     preexec_fn=own_session_and_parent_death_signal())
             timed_out = False
             try:

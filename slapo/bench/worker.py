@@ -108,16 +108,19 @@ def model_fields(spec: RunSpec) -> dict:
     return fields
 
 
-def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list]:
-    """Run every step; return (this rank's loss tensors, step times in s)."""
+def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict | None]:
+    """Run every step; return (this rank's loss tensors, step times in s, its profile
+    summary when ``spec.profile_dir`` asks for one)."""
     import torch
 
+    from slapo.bench.profiling import StepProfiler
     from slapo.models import synthetic_batch
 
     fields = model_fields(spec)
     micro = system.micro_batch()
     lo = system.dp_rank * micro
     cuda = ctx.device.type == "cuda"
+    profiler = StepProfiler(spec.profile_dir, ctx.rank, spec.warmup, cuda)
     losses, times = [], []
     for step in range(spec.steps):
         full = synthetic_batch(fields, spec.batch_size, spec.seq_len, spec.dec_seq_len,
@@ -128,6 +131,7 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list]:
             raise_fault(fault, ctx.rank)
         if cuda:
             torch.cuda.synchronize(ctx.device)
+        profiler.step_starting(step)
         if step == 0:
             timeline["first_step_start"] = time.time()
         start = time.perf_counter()
@@ -142,7 +146,7 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list]:
             log(0, f"step {step + 1}/{spec.steps}: {times[-1]:.3f} s"
                    f"{' (warm-up)' if step < spec.warmup else ''}")
     timeline["train_end"] = time.time()
-    return losses, times
+    return losses, times, profiler.finish()
 
 
 def iso(t: float | None) -> str | None:
@@ -160,8 +164,12 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
     thr = metrics.throughput(step_times, spec.batch_size, spec.warmup)
     env = collect_env()
     env.update({"world_size": ctx.world_size, "backend": "nccl" if ctx.device.type == "cuda"
-                else "gloo", "omp_num_threads": os.environ.get("OMP_NUM_THREADS")})
+                else "gloo", **spec.thread_budget().as_env_record(),
+                "threads_in_use": [rank["threads"] for rank in gathered]})
     notes = list(system.notes)
+    if spec.profile_dir:
+        notes.append(f"profiled with torch.profiler (tables and traces in {spec.profile_dir}): "
+                     "the timed steps ran slower than unprofiled ones")
     try:
         per_sample = flops.train_flops_per_sample(model_fields(spec), spec.seq_len,
                                                   spec.dec_seq_len, "paper")
@@ -182,6 +190,8 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
         **system.info(), "seed": spec.seed, "lr": spec.lr, "no_dropout": spec.no_dropout,
         "overrides": spec.overrides, "flops_formula": "paper", "notes": notes,
         "timeline": timeline, "run_id": spec.run_id,
+        "profile": ({str(i): r["profile"] for i, r in enumerate(gathered)}
+                    if spec.profile_dir else None),
         "launch_to_first_step_s": (first - spec.launch_time
                                    if first and spec.launch_time else None),
     }
@@ -229,6 +239,9 @@ def run(spec: RunSpec) -> int:
         import torch
         import torch.distributed as dist
 
+        from slapo.bench import threads
+
+        threads.apply_in_rank(spec.thread_budget())  # before any torch work
         from slapo.bench import metrics
         from slapo.bench.record import write_record
         from slapo.bench.systems import DistContext, Unsupported, get_system
@@ -239,7 +252,6 @@ def run(spec: RunSpec) -> int:
                 torch.cuda.set_device(device)
             else:
                 device = torch.device("cpu")
-                torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
             timeout = _dt.timedelta(seconds=(spec.timeout or 1800) + 60)
             dist.init_process_group("nccl" if spec.device == "cuda" else "gloo",
                                     timeout=timeout)
@@ -256,7 +268,7 @@ def run(spec: RunSpec) -> int:
             timeline["setup_done"] = time.time()
             log(rank, f"{spec.mode} set up in {timeline['setup_done'] - _T0:.1f} s "
                       f"(dp {system.dp_size}, tp {system.tp_size}); training {spec.steps} steps")
-            local_losses, times = train(system, spec, ctx, timeline)
+            local_losses, times, profile = train(system, spec, ctx, timeline)
         except Unsupported as err:
             reason = str(err)
             log(rank, f"unsupported: {reason}")
@@ -271,7 +283,7 @@ def run(spec: RunSpec) -> int:
         dist.all_reduce(losses)  # gloo has no AVG: sum, then divide
         losses = (losses / world).tolist()
         mine = {"peak_mem": metrics.peak_memory_bytes(device), "params": system.params_on_rank(),
-                "step_times": times, "timeline": timeline}
+                "step_times": times, "timeline": timeline, "threads": threads.threads_in_use(), "profile": profile}
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:

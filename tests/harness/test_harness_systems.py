@@ -17,6 +17,7 @@ import re
 import pytest
 
 from harness_util import TINY, run_case
+from slapo.bench.threads import available_cores
 
 # the module's launches run in the fixture of the first test: allow for a busy machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -25,7 +26,8 @@ LOSS_RTOL = 1e-5
 CASES = {
     "eager": ["--mode", "eager", "--model", "bert-tiny", *TINY, "--no-dropout"],
     "slapo-megatron": ["--mode", "slapo-megatron", "--model", "bert-tiny", *TINY, "--no-dropout"],
-    "deepspeed": ["--mode", "deepspeed", "--model", "bert-tiny", *TINY, "--ckpt", "1"],
+    "deepspeed": ["--mode", "deepspeed", "--model", "bert-tiny", *TINY, "--ckpt", "1",
+                  "--cores", "4"],
     "slapo-deepspeed": ["--mode", "slapo-deepspeed", "--model", "bert-tiny", *TINY,
                         "--ckpt", "0.5"],
     "megatron": ["--mode", "megatron", "--model", "gpt-neo-tiny", *TINY, "--ckpt", "full"],
@@ -59,6 +61,18 @@ def test_system_writes_a_valid_record(records, name):
     assert m.extra["launch_to_first_step_s"] == pytest.approx(t["first_step_start"] - t["launch"])
     log = open(record.log_path).read()
     assert re.search(r"^\[slapo-bench rank 0\] [0-9:.]+ step 3/3: ", log, re.M)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_rank_runs_its_share_of_the_cores(records, name):
+    """OMP_NUM_THREADS=1 in the caller's environment (harness_util) is not what counts: each
+    rank runs max(1, cores // ranks) threads, cores being --cores or the cores available."""
+    env = records[name].env
+    cores = 4 if name == "deepspeed" else available_cores()
+    assert (env["cores"], env["ranks"]) == (cores, 2)
+    assert env["threads_per_rank"] == max(1, cores // 2)
+    assert [r["torch_threads"] for r in env["threads_in_use"]] == [env["threads_per_rank"]] * 2
+    assert [r["torch_interop_threads"] for r in env["threads_in_use"]] == [1, 1]
 
 
 def test_slapo_tp_follows_the_plain_model(records):

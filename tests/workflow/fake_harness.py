@@ -40,7 +40,7 @@ def main(argv=None) -> int:
                  "--device"):
         parser.add_argument(flag, required=flag in ("--mode", "--model", "--out"))
     for flag in ("--gpus", "--seq-len", "--dec-seq-len", "--batch-size", "--steps", "--warmup",
-                 "--timeout"):
+                 "--timeout", "--cores"):
         parser.add_argument(flag, type=int, default=0)
     args = parser.parse_args(argv)
     plan = {}

@@ -133,8 +133,15 @@ def test_resources_and_threads():
     assert case.gpus == 2
     assert plan.gpus_resource(case, {"device": "cuda"}) == 2
     assert plan.gpus_resource(case, {"device": "cpu"}) == 0
-    assert plan.threads(case, {"device": "cpu"}) == 2
-    assert plan.threads(case, {"device": "cuda"}) == 1
+    # CPU: a case holds every core the workflow has (cases then run one at a time)
+    assert plan.threads(case, {"device": "cpu"}, 2) == 2
+    assert plan.threads(case, {"device": "cpu"}, 16) == 16
+    one_rank = parse_cfg(REPO / "configs/e2e/cpu_tiny.cfg", max_gpus=2)[0]
+    assert one_rank.gpus == 1 and plan.threads(one_rank, {"device": "cpu"}, 2) == 2
+    # CUDA: the share of the cores that the case's GPUs are of the machine's, at least one
+    assert plan.threads(case, {"device": "cuda", "gpus_available": 8}, 16) == 4
+    assert plan.threads(case, {"device": "cuda", "gpus_available": 8}, 2) == 1
+    assert plan.threads(case, {"device": "cuda", "gpus_available": 2}, 16) == 16
 
 
 def test_schedule_imports_of_other_families_are_followed(tmp_path):

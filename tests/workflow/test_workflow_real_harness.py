@@ -25,3 +25,25 @@ def test_one_real_case(repo):
     log = (repo.path / "results" / "e2e" / "test" / "logs" / f"{CASE}.log").read_text()
     assert "# --- slapo.bench.workflow.run_case ---" in log
     assert repo.dry_run(f"results/e2e/test/{CASE}.json") == {}
+
+
+def test_ranks_share_the_jobs_cores_whatever_the_environment_says(repo):
+    """The job holds the workflow's 2 cores (Snakemake exports OMP_NUM_THREADS=2 to it, and the
+    caller said 4): each of the 2 ranks must run 1 intra-op and 1 inter-op thread."""
+    (repo.path / "configs" / "e2e" / "real.cfg").write_text("slapo-megatron bert-tiny 2 32 0 4 0\n")
+    config = make_config(repo.path, experiments={"e2e": ["configs/e2e/real.cfg"],
+                                                 "ablation": []}, timeout=300)
+    config["harness"] = "python -m slapo.bench.cli"
+    repo.write_config(config)
+    repo.snakemake(f"results/e2e/test/{CASE}.json", env_extra={"OMP_NUM_THREADS": "4",
+                                                               "MKL_NUM_THREADS": "4"})
+    record = read_record(repo.record("e2e", CASE))
+    assert record.status == "ok", record.reason
+    env = record.env
+    assert (env["cores"], env["ranks"], env["threads_per_rank"]) == (2, 2, 1)
+    assert env["interop_threads_per_rank"] == 1
+    used = env["threads_in_use"]
+    assert len(used) == 2
+    for rank in used:
+        assert rank["torch_threads"] == 1 and rank["torch_interop_threads"] == 1
+        assert rank["omp_num_threads"] == "1"

@@ -38,13 +38,14 @@ def fake_plan(tmp_path, monkeypatch):
 
 
 def test_harness_command_follows_the_cli_contract():
-    cmd = run_case.harness_command("python -m slapo.bench.cli", spec(), "o.json", "o.log")
+    cmd = run_case.harness_command("python -m slapo.bench.cli", spec(), "o.json", "o.log",
+                                   cores=3)
     assert cmd[0] == sys.executable and cmd[1:4] == ["-m", "slapo.bench.cli", "run"]
     args = dict(zip(cmd[4::2], cmd[5::2]))
     assert args == {"--mode": "slapo-megatron", "--model": "bert-tiny", "--gpus": "2",
                     "--seq-len": "64", "--dec-seq-len": "0", "--batch-size": "4", "--ckpt": "0",
                     "--steps": "3", "--warmup": "1", "--dtype": "fp32", "--timeout": "60",
-                    "--case-id": spec()["case_id"], "--device": "cpu", "--out": "o.json",
+                    "--case-id": spec()["case_id"], "--device": "cpu", "--cores": "3", "--out": "o.json",
                     "--log": "o.log"}
 
 

@@ -64,10 +64,11 @@ class Repo:
         """Steer the fake harness (see fake_harness.py)."""
         self.plan_file.write_text(json.dumps(plan))
 
-    def env(self) -> dict:
+    def env(self, **extra) -> dict:
         env = dict(os.environ, FAKE_HARNESS_PLAN=str(self.plan_file),
                    FAKE_HARNESS_TRACE=str(self.trace_file), HF_HUB_OFFLINE="1",
                    OMP_NUM_THREADS="1")
+        env.update(extra)
         env.pop("CUDA_VISIBLE_DEVICES", None)
         return env
 
@@ -77,9 +78,10 @@ class Repo:
             cmd += ["--workflow-profile", "workflow/profiles/default", "--cores", "2"]
         return cmd + list(args)
 
-    def snakemake(self, *args, check=True, timeout=600, profile=True):
+    def snakemake(self, *args, check=True, timeout=600, profile=True, env_extra=None):
         proc = subprocess.run(self.command(*args, profile=profile), cwd=self.path,
-                              env=self.env(), capture_output=True, text=True, timeout=timeout)
+                              env=self.env(**(env_extra or {})), capture_output=True, text=True,
+                              timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"
                                  f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")

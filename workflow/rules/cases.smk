@@ -31,5 +31,6 @@ rule case:
         ENV
     shell:
         "python workflow/scripts/run_module.py slapo.bench.workflow.run_case "
-        "--spec {params.spec:q} --timeout {resources.timeout_s} --harness {params.harness:q} "
+        "--spec {params.spec:q} --timeout {resources.timeout_s} --cores {threads} "
+        "--harness {params.harness:q} "
         "--out {output.record} --log {log}"

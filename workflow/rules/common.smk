@@ -56,7 +56,7 @@ def case_gpus(wildcards):
 
 
 def case_threads(wildcards):
-    return plan.threads(case_of(wildcards), PROFILE)
+    return plan.threads(case_of(wildcards), PROFILE, workflow.cores)
 
 
 def records(experiment):

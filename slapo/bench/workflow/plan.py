@@ -202,9 +202,20 @@ def gpus_resource(case: Case, settings: dict) -> int:
     return case.gpus if settings["device"] == "cuda" else 0
 
 
-def threads(case: Case, settings: dict) -> int:
-    """Cores a case's job takes: one per rank on CPU (ranks are processes), else 1."""
-    return case.gpus if settings["device"] == "cpu" else 1
+def threads(case: Case, settings: dict, cores: int | None) -> int:
+    """Cores a case's job holds (its ``threads``; the harness gives each rank
+    ``max(1, threads // ranks)`` of them, :mod:`slapo.bench.threads`), out of the ``cores``
+    the workflow may use (``workflow.cores``; None: this machine's).
+
+    On CPU a case holds all of them: its ranks are the "GPUs", so cases run one at a time and
+    each measures the machine alone (CPU cases side by side would slow each other). On CUDA
+    a case holds the share of the cores that its GPUs are of the machine's, at least one.
+    """
+    cores = cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
+    if settings["device"] == "cpu":
+        return cores
+    gpus_available = max(int(settings.get("gpus_available") or 0), case.gpus, 1)
+    return max(1, cores * case.gpus // gpus_available)
 
 
 # ----------------------------------------------------------------------------- dependencies

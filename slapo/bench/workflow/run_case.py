@@ -10,9 +10,10 @@ environment the workflow sets (``SLAPO_GPU_SLOTS_DIR``, ``SLAPO_GPU_SLOTS_TOTAL`
 1. on CUDA, takes the case's GPUs from the slot allocator (:mod:`.gpu_slots`) and sets
    ``CUDA_VISIBLE_DEVICES``; a case needing more GPUs than the machine has is recorded as
    ``unsupported`` without running; on CPU it hides CUDA (``CUDA_VISIBLE_DEVICES=""``);
-2. runs ``<harness> run --mode ... --out REC.json --log CASE.log`` with the offline and
-   one-thread environment, in its own process group, under a hard timeout (the case's
-   timeout plus ``--grace``, default :data:`GRACE_S`);
+2. runs ``<harness> run --mode ... --cores C --out REC.json --log CASE.log`` with the
+   offline environment, in its own process group, under a hard timeout (the case's timeout
+   plus ``--grace``, default :data:`GRACE_S`); ``--cores`` (the job's threads) is what the
+   harness shares among the case's ranks, whatever ``OMP_NUM_THREADS`` the job inherited;
 3. if the harness left no valid record (it crashed, was killed, timed out), writes a
    ``failed`` record itself, with the reason and the log path: failures are data, and a
    failing case never stops the figures of the others.
@@ -38,11 +39,12 @@ from pathlib import Path
 from slapo.bench import launch
 from slapo.bench.process import own_session_and_parent_death_signal, stop_tree
 from slapo.bench.record import Record, RecordError, collect_env, now, read_record, write_record
+from slapo.bench.threads import available_cores
 from slapo.bench.workflow.gpu_slots import GpuSlots
 
 GRACE_S = 120  # the hard timeout is the case's timeout plus this
 DEFAULT_HARNESS = "python -m slapo.bench.cli"
-# The harness's own environment (offline, one thread a rank), and no DeepSpeed op builds.
+# The harness's own environment (offline), and no DeepSpeed op builds.
 OFFLINE_ENV = {**launch.OFFLINE_ENV, "DS_BUILD_OPS": "0"}
 
 
@@ -52,8 +54,10 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-def harness_command(harness: str, spec: dict, out: str, log: str) -> list[str]:
-    """The harness CLI call for ``spec`` (``slapo-bench run`` contract)."""
+def harness_command(harness: str, spec: dict, out: str, log: str,
+                    cores: int | None = None) -> list[str]:
+    """The harness CLI call for ``spec`` (``slapo-bench run`` contract); ``cores``: the CPU
+    cores the job holds (default: those this process may run on)."""
     cmd = shlex.split(harness)
     if cmd and cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable
@@ -64,7 +68,7 @@ def harness_command(harness: str, spec: dict, out: str, log: str) -> list[str]:
         "--ckpt", str(spec["ckpt"]), "--steps", str(spec["steps"]),
         "--warmup", str(spec["warmup"]), "--dtype", spec["dtype"],
         "--timeout", str(spec["timeout"]), "--case-id", spec["case_id"],
-        "--device", spec["device"],
+        "--device", spec["device"], "--cores", str(cores or available_cores()),
         "--out", out, "--log", log,
     ]
 
@@ -144,7 +148,7 @@ class _Notes:
 
 def run(spec: dict, out: str, log: str, harness: str = DEFAULT_HARNESS,
         slots_dir: str | None = None, slots_total: int | None = None,
-        grace: float = GRACE_S) -> int:
+        grace: float = GRACE_S, cores: int | None = None) -> int:
     """Run the case; returns 0 once a record is at ``out`` (see the module docstring)."""
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
@@ -152,12 +156,12 @@ def run(spec: dict, out: str, log: str, harness: str = DEFAULT_HARNESS,
     Path(log).write_text("")
     note = _Notes(log)
     try:
-        return _run(spec, out, log, harness, slots_dir, slots_total, grace, note)
+        return _run(spec, out, log, harness, slots_dir, slots_total, grace, cores, note)
     finally:
         note.flush()
 
 
-def _run(spec, out, log, harness, slots_dir, slots_total, grace, note) -> int:
+def _run(spec, out, log, harness, slots_dir, slots_total, grace, cores, note) -> int:
     started = now()
     env = dict(os.environ)
     for key, value in OFFLINE_ENV.items():
@@ -181,7 +185,7 @@ def _run(spec, out, log, harness, slots_dir, slots_total, grace, note) -> int:
     elif spec["device"] != "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ""
     visible = env.get("CUDA_VISIBLE_DEVICES")
-    cmd = harness_command(harness, spec, out, log)
+    cmd = harness_command(harness, spec, out, log, cores)
     note(f"CUDA_VISIBLE_DEVICES={visible!r}; running: {shlex.join(cmd)}")
 
     def on_signal(signum, frame):
@@ -235,6 +239,9 @@ def main(argv=None) -> int:
                         help="seconds the harness may run the case (default: the spec's)")
     parser.add_argument("--grace", type=float, default=GRACE_S,
                         help="seconds past the case's timeout before the harness is killed")
+    parser.add_argument("--cores", type=int, default=None,
+                        help="CPU cores the job holds, shared by the case's ranks (the rule "
+                             "passes its threads; default: the cores this process may use)")
     args = parser.parse_args(argv)
     spec = json.loads(args.spec)
     if args.timeout is not None:
@@ -242,7 +249,7 @@ def main(argv=None) -> int:
     if "timeout" not in spec:
         parser.error("no timeout: give --timeout or put it in the spec")
     return run(spec, args.out, args.log, args.harness, args.slots_dir, args.slots_total,
-               args.grace)
+               args.grace, args.cores)
 
 
 def add_slot_args(parser) -> None:
