@@ -3,21 +3,28 @@
 Each claim is checked per data point, with the numbers behind the verdict and the hardware
 they came from (the records' ``env``):
 
-- **C1** (Figure 7), per model and GPU count: PASS if the fastest system that ran is
-  ``slapo-megatron`` or ``slapo-deepspeed``, FAIL if it is a baseline; NOT-RUN if no Slapo
-  system ran ``ok`` and not all of them ran out of memory (a Slapo OOM where a baseline ran
-  counts as FAIL), or if nothing ran.
+- **C1** (Figure 7), per model and GPU count: the best Slapo system (``slapo-megatron`` or
+  ``slapo-deepspeed``) against the best baseline: PASS if it is faster, FAIL if slower;
+  NOT-RUN if no Slapo system ran ``ok`` and not all of them ran out of memory (a Slapo OOM
+  where a baseline ran counts as FAIL), or if nothing ran.
 - **C2** (abstract), per model and GPU count: the best Slapo system's samples/s over the best
   baseline's (DeepSpeed, Megatron-LM); PASS if at least ``c2_min_speedup`` (default 1.0).
-  The claim's verdict is that of the largest speedup measured, reported beside the paper's
-  2.92x (one node, 8 V100); the paper's 1.41x on up to 64 GPUs is NOT-RUN (no multi-node
-  experiment here).
+  The claim ("up to") passes if a point passes; its largest speedup is reported beside the
+  paper's 2.92x (one node, 8 V100); the paper's 1.41x on up to 64 GPUs is NOT-RUN (no
+  multi-node experiment here).
 - **C3** (Table 4), per model: PASS if its schedule's length by the artifact's rule is at
   most ``c3_max_ratio`` (default 1.5) times the paper's; NOT-RUN if there is no schedule.
 - **C4** (Figure 9), per step: PASS if the step's samples/s exceeds the previous step's,
   FAIL if not; NOT-RUN if either did not run ``ok``.
 
-A claim's verdict is FAIL if any point fails, else PASS if any point passes, else NOT-RUN.
+**Noise rule** (C1, C2, C4): a throughput comparison is decided only when the two systems'
+interquartile ranges of per-step samples/s (q1 to q3 of the timed steps) do not overlap, or for
+a speedup threshold ``t``: PASS needs ``q1(a) / q3(b) >= t``, FAIL needs ``q3(a) / q1(b) < t``.
+Anything in between is INCONCLUSIVE, reported with both medians and ranges: the gap is within
+the noise of the steps measured. Records without a spread count as a point (q1 = q3 = median).
+
+A claim's verdict is FAIL if any point fails, else INCONCLUSIVE if any point is, else PASS if
+any point passes, else NOT-RUN (C2: PASS if any point passes, since it claims "up to").
 
     python -m slapo.bench.claims --e2e results/e2e.csv --ablation results/ablation.csv \\
         --loc results/loc.csv --md results/claims.md --json results/claims.json
@@ -34,7 +41,13 @@ from pathlib import Path
 from slapo.bench.aggregate import (ABLATION_LABELS, ABLATION_STEPS, BASELINES, SLAPO_SYSTEMS,
                                    SYSTEM_LABELS)
 
-PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT-RUN"
+PASS, FAIL, INCONCLUSIVE, NOT_RUN = "PASS", "FAIL", "INCONCLUSIVE", "NOT-RUN"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_RUN)
+NOISE_RULE = ("A throughput comparison is decided only when the interquartile ranges (q1 to q3) "
+              "of the two systems' per-step samples/s do not overlap (for a speedup threshold "
+              "t: PASS needs q1(Slapo) / q3(baseline) >= t, FAIL needs q3(Slapo) / q1(baseline) "
+              "< t); otherwise the point is INCONCLUSIVE: the gap lies within the noise of the "
+              "timed steps")
 PAPER_C2 = {"single_node": 2.92, "multi_node": 1.41}
 DEFAULTS = {"c2_min_speedup": 1.0, "c3_max_ratio": 1.5}
 TITLES = {
@@ -60,6 +73,31 @@ def _ok_rate(row) -> float | None:
     return _num(row.get("samples_per_s")) if row.get("status") == "ok" else None
 
 
+def _quartiles(row) -> tuple[float, float]:
+    """(q1, q3) of a row's per-step samples/s; the median twice where no spread was kept."""
+    rate = _ok_rate(row)
+    q1, q3 = _num(row.get("samples_per_s_q1")), _num(row.get("samples_per_s_q3"))
+    return (q1, q3) if q1 is not None and q3 is not None else (rate, rate)
+
+
+def compare(a, b, threshold: float = 1.0) -> str:
+    """Is row ``a`` at least ``threshold`` times as fast as row ``b``, beyond the noise?
+    PASS if ``q1(a) / q3(b) >= threshold``, FAIL if ``q3(a) / q1(b) < threshold``, else
+    INCONCLUSIVE (the noise rule, :data:`NOISE_RULE`)."""
+    (a1, a3), (b1, b3) = _quartiles(a), _quartiles(b)
+    if a1 / b3 >= threshold:
+        return PASS
+    if a3 / b1 < threshold:
+        return FAIL
+    return INCONCLUSIVE
+
+
+def _range(row) -> str:
+    """``median [q1-q3]`` of a row, for the verdicts' reasons."""
+    q1, q3 = _quartiles(row)
+    return f"{_ok_rate(row):.4g} [{q1:.4g}-{q3:.4g}]"
+
+
 def hardware(rows) -> str:
     """Where rows were measured: ``"NVIDIA H200 x1 @host"`` / ``"cpu (x86_64), 2 ranks @host"``,
     unique entries joined with ``; ``."""
@@ -81,16 +119,16 @@ def hardware(rows) -> str:
 
 
 def verdict(points) -> str:
+    """FAIL if any point fails, else INCONCLUSIVE if any is, else PASS if any passes."""
     verdicts = [p["verdict"] for p in points]
-    if FAIL in verdicts:
-        return FAIL
-    if PASS in verdicts:
-        return PASS
+    for v in (FAIL, INCONCLUSIVE, PASS):
+        if v in verdicts:
+            return v
     return NOT_RUN
 
 
 def counts(points) -> dict:
-    return {v: sum(p["verdict"] == v for p in points) for v in (PASS, FAIL, NOT_RUN)}
+    return {v: sum(p["verdict"] == v for p in points) for v in VERDICTS}
 
 
 def _records(df):
@@ -112,21 +150,27 @@ def _statuses(rows) -> dict:
 def check_c1(e2e) -> dict:
     points = []
     for (model, gpus), rows in sorted(_groups(_records(e2e)).items()):
+        by_mode = {r["mode"]: r for r in rows}
         rates = {r["mode"]: _ok_rate(r) for r in rows}
         ran = {m: v for m, v in rates.items() if v is not None}
         statuses = _statuses(rows)
         numbers = {SYSTEM_LABELS[m]: (round(v, 4) if v is not None else statuses[m])
                    for m, v in rates.items()}
         slapo_ran = [m for m in SLAPO_SYSTEMS if m in ran]
+        base_ran = [m for m in BASELINES if m in ran]
         slapo_rows = [m for m in SLAPO_SYSTEMS if m in statuses]
         if not ran:
             v, why = NOT_RUN, "no system ran ok"
+        elif slapo_ran and not base_ran:
+            v, why = PASS, "no baseline ran ok; Slapo did"
         elif slapo_ran:
-            best = max(ran, key=ran.get)
-            if best in SLAPO_SYSTEMS:
-                v, why = PASS, f"fastest: {SYSTEM_LABELS[best]}"
-            else:
-                v, why = FAIL, f"fastest: {SYSTEM_LABELS[best]} (a baseline)"
+            slapo = by_mode[max(slapo_ran, key=ran.get)]
+            base = by_mode[max(base_ran, key=ran.get)]
+            v = compare(slapo, base)
+            relation = {PASS: "faster than", FAIL: "slower than",
+                        INCONCLUSIVE: "within the noise of"}[v]
+            why = (f"{SYSTEM_LABELS[slapo['mode']]} {_range(slapo)} {relation} "
+                   f"{SYSTEM_LABELS[base['mode']]} {_range(base)}")
         elif slapo_rows and all(statuses[m] == "oom" for m in slapo_rows):
             v, why = FAIL, "every Slapo system ran out of memory while a baseline ran"
         else:
@@ -134,12 +178,14 @@ def check_c1(e2e) -> dict:
         points.append({"model": model, "gpus": gpus, "verdict": v, "why": why,
                        "samples_per_s": numbers, "hardware": hardware(rows)})
     return {"id": "C1", "title": TITLES["C1"], "verdict": verdict(points),
+            "criterion": "the best Slapo system faster than the best baseline (noise rule)",
             "counts": counts(points), "points": points}
 
 
 def check_c2(e2e, min_speedup: float = DEFAULTS["c2_min_speedup"]) -> dict:
     points = []
     for (model, gpus), rows in sorted(_groups(_records(e2e)).items()):
+        by_mode = {r["mode"]: r for r in rows}
         rates = {r["mode"]: _ok_rate(r) for r in rows}
         slapo = {m: rates[m] for m in SLAPO_SYSTEMS if rates.get(m) is not None}
         base = {m: rates[m] for m in BASELINES if rates.get(m) is not None}
@@ -153,10 +199,14 @@ def check_c2(e2e, min_speedup: float = DEFAULTS["c2_min_speedup"]) -> dict:
             point["best_baseline"] = {"system": SYSTEM_LABELS[best],
                                       "samples_per_s": base[best]}
         if slapo and base:
+            a, b = by_mode[max(slapo, key=slapo.get)], by_mode[max(base, key=base.get)]
             point["speedup"] = max(slapo.values()) / max(base.values())
-            ok = point["speedup"] >= min_speedup
-            point["verdict"] = PASS if ok else FAIL
-            point["why"] = f"{point['speedup']:.2f}x {'>=' if ok else '<'} {min_speedup}x"
+            (a1, a3), (b1, b3) = _quartiles(a), _quartiles(b)
+            point["speedup_range"] = [a1 / b3, a3 / b1]
+            point["verdict"] = compare(a, b, min_speedup)
+            relation = {PASS: ">=", FAIL: "<", INCONCLUSIVE: "within the noise of"}
+            point["why"] = (f"{point['speedup']:.2f}x [{a1 / b3:.2f}-{a3 / b1:.2f}] "
+                            f"{relation[point['verdict']]} {min_speedup}x")
         else:
             point["verdict"] = NOT_RUN
             point["why"] = ("no Slapo system ran ok" if not slapo else
@@ -164,15 +214,17 @@ def check_c2(e2e, min_speedup: float = DEFAULTS["c2_min_speedup"]) -> dict:
         points.append(point)
     measured = [p for p in points if p["speedup"] is not None]
     top = max(measured, key=lambda p: p["speedup"]) if measured else None
+    verdicts = [p["verdict"] for p in points]
+    up_to = next((v for v in (PASS, INCONCLUSIVE, FAIL) if v in verdicts), NOT_RUN)
     single = {"paper": PAPER_C2["single_node"], "measured_max": top["speedup"] if top else None,
               "at": {"model": top["model"], "gpus": top["gpus"]} if top else None,
-              "hardware": top["hardware"] if top else None,
-              "verdict": (PASS if top["speedup"] >= min_speedup else FAIL) if top else NOT_RUN}
+              "hardware": top["hardware"] if top else None, "verdict": up_to}
     multi = {"paper": PAPER_C2["multi_node"], "measured_max": None, "verdict": NOT_RUN,
              "why": "no multi-node experiment in this workflow"}
     return {"id": "C2", "title": TITLES["C2"], "verdict": single["verdict"],
-            "criterion": f"largest speedup over the best baseline >= {min_speedup}x; its "
-                         "size is reported beside the paper's, not required to match it",
+            "criterion": f"some point's speedup over the best baseline >= {min_speedup}x "
+                         "(noise rule); the largest is reported beside the paper's, not "
+                         "required to match it",
             "single_node": single, "multi_node": multi, "counts": counts(points),
             "points": points}
 
@@ -216,10 +268,13 @@ def check_c4(ablation) -> dict:
             point["verdict"], point["why"] = NOT_RUN, "a step did not run ok (or is not in the profile)"
         else:
             point["ratio"] = rb / ra
-            point["verdict"] = PASS if rb > ra else FAIL
-            point["why"] = f"{rb:.4g} {'>' if rb > ra else '<='} {ra:.4g} samples/s ({rb / ra:.2f}x)"
+            point["verdict"] = compare(b, a)
+            relation = {PASS: ">", FAIL: "<", INCONCLUSIVE: "within the noise of"}
+            point["why"] = (f"{_range(b)} {relation[point['verdict']]} {_range(a)} samples/s "
+                            f"({rb / ra:.2f}x)")
         points.append(point)
     return {"id": "C4", "title": TITLES["C4"], "verdict": verdict(points),
+            "criterion": "each step faster than the previous one (noise rule)",
             "counts": counts(points), "points": points}
 
 
@@ -299,7 +354,9 @@ def to_markdown(result: dict) -> str:
     lines += [f"Profile: {result['profile'] or '-'}. Generated {result['generated_at']}.", "",
               f"**Setting.** {result['setting']}", "",
               f"Hardware: {result['hardware']}.", "",
-              "| claim | verdict | points (PASS / FAIL / NOT-RUN) | |", "|---|---|---|---|"]
+              f"**Noise rule.** {NOISE_RULE}. Medians are followed by [q1-q3].", "",
+              "| claim | verdict | points (PASS / FAIL / INCONCLUSIVE / NOT-RUN) | |",
+              "|---|---|---|---|"]
     for c in result["claims"]:
         n = c["counts"]
         extra = ""
@@ -308,7 +365,7 @@ def to_markdown(result: dict) -> str:
             extra = (f"max speedup {_fmt(s['measured_max'])}x (paper {s['paper']}x, one node); "
                      f"multi-node (paper {c['multi_node']['paper']}x): NOT-RUN")
         lines.append(f"| {c['id']} | **{c['verdict']}** | {n[PASS]} / {n[FAIL]} / "
-                     f"{n[NOT_RUN]} | {extra} |")
+                     f"{n[INCONCLUSIVE]} / {n[NOT_RUN]} | {extra} |")
     for c in result["claims"]:
         lines += ["", f"## {c['id']}: {c['verdict']}", "", c["title"], ""]
         if "criterion" in c:
@@ -357,7 +414,8 @@ def main(argv=None) -> int:
     write_text(args.md, text)
     for c in result["claims"]:
         n = c["counts"]
-        print(f"{c['id']}: {c['verdict']} ({n[PASS]} pass, {n[FAIL]} fail, {n[NOT_RUN]} not run)")
+        print(f"{c['id']}: {c['verdict']} ({n[PASS]} pass, {n[FAIL]} fail, "
+              f"{n[INCONCLUSIVE]} inconclusive, {n[NOT_RUN]} not run)")
     return 0
 
 

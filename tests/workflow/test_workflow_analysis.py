@@ -15,13 +15,17 @@ GPU = {"device_name": "NVIDIA H200", "device_count": 8, "hostname": "g"}
 
 
 def rec(tmp_path, experiment, mode, model, gpus, rate=None, status="ok", env=CPU, batch=8,
-        reason=""):
+        reason="", quartiles=None):
+    """A record; ``quartiles``: (q1, q3) of its per-step samples/s (default: no spread)."""
     case = {"id": f"{mode}__{model}__g{gpus}", "mode": mode, "model": model, "gpus": gpus,
             "seq_len": 64, "dec_seq_len": 0, "batch_size": batch, "batch_expr": str(batch),
             "ckpt": 0.0}
     metrics = {"samples_per_s": rate, "peak_mem_bytes": [2**30, 2**31],
                "spread": {"min": rate, "max": rate, "iqr": 0, "stdev": 0, "steps": 4}
                if rate else None}
+    if quartiles:
+        metrics["spread"].update(q1=quartiles[0], q3=quartiles[1],
+                                 iqr=quartiles[1] - quartiles[0])
     path = tmp_path / "results" / experiment / "p" / f"{case['id']}.json"
     write_record(Record(status=status, case=case, reason=reason, metrics=metrics,
                         env=dict(env)), path)
@@ -111,7 +115,8 @@ def test_claims_c1_c2_on_records(tmp_path):
     points = {p["model"]: p for p in c1["points"]}
     assert points["bert-xlarge"]["verdict"] == "PASS"
     assert points["roberta-xlarge"]["verdict"] == "FAIL"  # DeepSpeed 20 > Slapo-TP 18
-    assert c1["verdict"] == "FAIL" and c1["counts"] == {"PASS": 1, "FAIL": 1, "NOT-RUN": 0}
+    assert c1["verdict"] == "FAIL" and c1["counts"] == {"PASS": 1, "FAIL": 1,
+                                                        "INCONCLUSIVE": 0, "NOT-RUN": 0}
     assert points["bert-xlarge"]["hardware"] == "NVIDIA H200 x2 @g"
     c2 = claims.check_c2(e2e)
     assert c2["single_node"]["measured_max"] == pytest.approx(1.25)
@@ -119,6 +124,43 @@ def test_claims_c1_c2_on_records(tmp_path):
     assert c2["single_node"]["verdict"] == "PASS" and c2["multi_node"]["verdict"] == "NOT-RUN"
     assert {p["model"]: round(p["speedup"], 2) for p in c2["points"]} == {
         "bert-xlarge": 1.25, "roberta-xlarge": 0.9}
+
+
+def test_overlapping_spreads_are_inconclusive_not_a_verdict(tmp_path):
+    """Slapo's median is higher but the interquartile ranges overlap: no PASS; a clear gap
+    either way is decided (the noise rule)."""
+    def point(slapo, base, tag):
+        paths = [rec(tmp_path / tag, "e2e", "slapo-megatron", "bert-xlarge", 2, slapo[0],
+                     quartiles=slapo[1:]),
+                 rec(tmp_path / tag, "e2e", "megatron", "bert-xlarge", 2, base[0],
+                     quartiles=base[1:])]
+        e2e = aggregate.table(paths, REPO)
+        return claims.check_c1(e2e), claims.check_c2(e2e)
+
+    c1, c2 = point((15, 13, 16), (14, 12, 15.5), "overlap")
+    assert c1["verdict"] == c1["points"][0]["verdict"] == "INCONCLUSIVE"
+    assert "15 [13-16] within the noise of Megatron-LM 14 [12-15.5]" in c1["points"][0]["why"]
+    assert c2["points"][0]["verdict"] == "INCONCLUSIVE"
+    assert c2["points"][0]["speedup_range"] == pytest.approx([13 / 15.5, 16 / 12])
+    assert c2["single_node"]["verdict"] == "INCONCLUSIVE"
+    c1, c2 = point((15, 14.5, 16), (12, 11, 13), "clear")
+    assert c1["verdict"] == "PASS" and c2["single_node"]["verdict"] == "PASS"
+    c1, c2 = point((10, 9, 11), (14, 12, 15.5), "behind")
+    assert c1["verdict"] == "FAIL" and c2["single_node"]["verdict"] == "FAIL"
+    # a threshold above 1 needs the whole range above it
+    e2e = aggregate.table([rec(tmp_path / "t", "e2e", "slapo-megatron", "bert-xlarge", 2, 15,
+                               quartiles=(14.5, 16)),
+                           rec(tmp_path / "t", "e2e", "megatron", "bert-xlarge", 2, 12,
+                               quartiles=(11, 13))], REPO)
+    assert claims.check_c2(e2e, 1.2)["points"][0]["verdict"] == "INCONCLUSIVE"  # 1.12 .. 1.45
+
+
+def test_claim_verdicts_combine_fail_then_inconclusive_then_pass():
+    points = lambda *vs: [{"verdict": v} for v in vs]  # noqa: E731
+    assert claims.verdict(points("PASS", "INCONCLUSIVE")) == "INCONCLUSIVE"
+    assert claims.verdict(points("PASS", "INCONCLUSIVE", "FAIL")) == "FAIL"
+    assert claims.verdict(points("PASS", "NOT-RUN")) == "PASS"
+    assert claims.verdict(points("NOT-RUN")) == "NOT-RUN"
 
 
 def test_claims_not_run_without_data(tmp_path):
@@ -147,6 +189,15 @@ def test_claim_c4_steps(tmp_path):
     assert c4["verdict"] == "FAIL"
 
 
+def test_claim_c4_step_within_the_noise_is_inconclusive(tmp_path):
+    paths = [rec(tmp_path, "ablation", "eager", "bert-xlarge", 1, 10, quartiles=(9, 11)),
+             rec(tmp_path, "ablation", "slapo-kernel", "bert-xlarge", 1, 10.5,
+                 quartiles=(10, 11.5))]
+    c4 = claims.check_c4(aggregate.ablation_table(paths, REPO))
+    assert c4["points"][0]["verdict"] == "INCONCLUSIVE" and c4["verdict"] == "INCONCLUSIVE"
+    assert "10.5 [10-11.5] within the noise of 10 [9-11]" in c4["points"][0]["why"]
+
+
 def test_claim_c3_against_the_paper():
     loc = table4.loc_table(lambda family: {"artifact": 12 if family != "bert" else 40,
                                            "statements": 9})
@@ -164,6 +215,8 @@ def test_claims_report_on_cpu_says_it_is_not_the_paper_setting(tmp_path):
     assert "CPU ranks" in result["setting"] and "not the paper's setting" in result["setting"]
     assert "| C3 | **NOT-RUN** |" in text and "ZeroDivisionError" in text
     assert "paper 2.92x" in text and "1.41x" in text
+    assert "**Noise rule.** A throughput comparison is decided only when" in text
+    assert "PASS / FAIL / INCONCLUSIVE / NOT-RUN" in text
     json.dumps(result, default=str)
 
 
