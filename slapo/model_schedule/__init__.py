@@ -23,9 +23,11 @@ Options (each family honours all of them):
                    slice. WideResNet has no embedding.
   kernel_opt       attention through ``scaled_dot_product_attention`` (``slapo.op``; GPT-Neo's
                    attention core is replaced, the others use transformers' attention
-                   interface), fused bias+GeLU where the model has one (BERT and RoBERTa
-                   intermediate, GPT-Neo ``mlp.c_fc``); OPT, T5 and LLaMA have no GeLU after a
-                   biased linear, WideResNet nothing to replace.
+                   interface), dropout whose mask is drawn the way that is fast on the device
+                   (``slapo.op.Dropout``: uniform draws on CPU, ``F.dropout`` on CUDA), fused
+                   bias+GeLU where the model has one (BERT and RoBERTa intermediate, GPT-Neo
+                   ``mlp.c_fc``); OPT, T5 and LLaMA have no GeLU after a biased linear,
+                   WideResNet nothing to replace.
   ckpt_ratio       checkpoint the first ``round(ratio * layers)`` layers (Python's round; T5
                    counts encoder then decoder blocks, WideResNet its bottleneck blocks).
 The scheduled model is called exactly like the plain one and returns its loss the same way.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import checkpoint_layers
 from .common import (fuse_bias_gelu, shard_attention, shard_column_row, shard_vocab,
-                     tensor_parallel, use_sdpa)
+                     tensor_parallel, use_kernels)
 
 
 def shard_bert(sch, prefix: str = "bert", shard_embedding: bool = True,
@@ -31,7 +31,7 @@ def shard_bert(sch, prefix: str = "bert", shard_embedding: bool = True,
 def schedule(sch, opts) -> None:
     layers = [f"bert.encoder.layer.{i}" for i in range(sch["bert"].mod.config.num_hidden_layers)]
     if opts.kernel_opt:
-        use_sdpa(sch)
+        use_kernels(sch)
         for path in layers:
             fuse_bias_gelu(sch[f"{path}.intermediate.dense"],
                            sch[f"{path}.intermediate.intermediate_act_fn"])

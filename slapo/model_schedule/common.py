@@ -12,9 +12,11 @@ schedule nodes, so a family's schedule reads as a short list of decisions:
   sharded logits (``vocab_parallel_loss``) instead of gathering them;
 - ``shard_batchnorm``: a BatchNorm over sharded channels (parameters and running statistics);
 - ``use_sdpa`` / ``sdpa_gpt_neo``: attention through ``slapo.op.attention`` (SDPA);
+- ``use_device_dropout``: dropout through ``slapo.op.Dropout`` (its mask drawn the way that is
+  fast on the device); ``use_kernels``: this and ``use_sdpa``, what every transformer takes;
 - ``fuse_bias_gelu``: a Linear followed by GeLU becomes ``slapo.op.LinearGeLU``.
 
-Apply kernel replacements (``use_sdpa``, ``sdpa_gpt_neo``, ``fuse_bias_gelu``) before sharding
+Apply kernel replacements (``use_kernels``, ``sdpa_gpt_neo``, ``fuse_bias_gelu``) before sharding
 and before ``fork_rng``/``checkpoint``: ``replace`` installs a new module, and what was
 attached to the old one (hooks, wrapped forwards) would not carry over.
 """
@@ -27,7 +29,7 @@ import types
 import torch.nn.functional as F
 from torch import nn
 
-from ..op import CoreAttention, LinearGeLU, gelu_approximation, register_hf_attention
+from ..op import CoreAttention, Dropout, LinearGeLU, gelu_approximation, register_hf_attention
 from ..op import vocab_parallel_cross_entropy
 from ..sharding import all_reduce_backward
 
@@ -156,6 +158,22 @@ def use_sdpa(sch) -> None:
     name = register_hf_attention()
     for config in _configs(sch.mod):
         config._attn_implementation = name
+
+
+def use_device_dropout(sch) -> None:
+    """Every ``nn.Dropout`` below ``sch`` becomes ``slapo.op.Dropout`` with the same ``p``: on
+    CPU its mask comes from uniform draws instead of ``bernoulli_`` (twice as fast here), on
+    CUDA it is ``F.dropout`` (``slapo.op.dropout``)."""
+    for path, mod in list(sch.mod.named_modules()):
+        if type(mod) is nn.Dropout:
+            sch[path].replace(Dropout(mod.p))
+
+
+def use_kernels(sch) -> None:
+    """The ``slapo.op`` kernels every transformer family takes: attention through SDPA
+    (``use_sdpa``) and dropout drawn for the device (``use_device_dropout``)."""
+    use_sdpa(sch)
+    use_device_dropout(sch)
 
 
 def _gpt_neo_attn(self, query, key, value, attention_mask=None):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from . import checkpoint_layers
 from .common import (fuse_bias_gelu, sdpa_gpt_neo, shard_attention, shard_column_row,
-                     shard_vocab, tensor_parallel, use_sdpa)
+                     shard_vocab, tensor_parallel, use_kernels)
 
 
 def schedule(sch, opts) -> None:
     layers = [sch[f"transformer.h.{i}"] for i in range(sch.mod.config.num_layers)]
     if opts.kernel_opt:
-        use_sdpa(sch)
+        use_kernels(sch)
         for layer in layers:
             sdpa_gpt_neo(layer["attn.attention"])
             fuse_bias_gelu(layer["mlp.c_fc"], layer["mlp.act"])

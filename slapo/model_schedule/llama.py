@@ -4,13 +4,13 @@ so grouped-query attention keeps its group size; the SwiGLU FFN has no GeLU to f
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import shard_attention, shard_column_row, shard_vocab, tensor_parallel, use_sdpa
+from .common import shard_attention, shard_column_row, shard_vocab, tensor_parallel, use_kernels
 
 
 def schedule(sch, opts) -> None:
     layers = [sch[f"model.layers.{i}"] for i in range(sch.mod.config.num_hidden_layers)]
     if opts.kernel_opt:
-        use_sdpa(sch)
+        use_kernels(sch)
     if tensor_parallel(sch, opts):
         for layer in layers:
             shard_attention(layer["self_attn"], ["q_proj", "k_proj", "v_proj"], "o_proj")

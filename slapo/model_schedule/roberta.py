@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from . import checkpoint_layers
 from .common import (fuse_bias_gelu, shard_attention, shard_column_row, shard_vocab,
-                     tensor_parallel, use_sdpa)
+                     tensor_parallel, use_kernels)
 
 
 def schedule(sch, opts) -> None:
     config = sch["roberta"].mod.config
     layers = [sch[f"roberta.encoder.layer.{i}"] for i in range(config.num_hidden_layers)]
     if opts.kernel_opt:
-        use_sdpa(sch)
+        use_kernels(sch)
         for layer in layers:
             fuse_bias_gelu(layer["intermediate.dense"], layer["intermediate.intermediate_act_fn"])
     if tensor_parallel(sch, opts):

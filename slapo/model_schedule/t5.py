@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from . import checkpoint_layers
 from .common import (all_reduce_output_grad, shard_attention, shard_column_row, shard_vocab,
-                     tensor_parallel, use_sdpa)
+                     tensor_parallel, use_kernels)
 
 
 def schedule(sch, opts) -> None:
@@ -14,7 +14,7 @@ def schedule(sch, opts) -> None:
               for i in range(len(sch[s].mod.block))]
     attns = [n for b in blocks for _, n in b.named_schedules() if n.name.endswith("Attention")]
     if opts.kernel_opt:
-        use_sdpa(sch)
+        use_kernels(sch)
     if tensor_parallel(sch, opts):
         for attn in attns:
             shard_attention(attn, ["q", "k", "v"], "o", heads=("n_heads", "inner_dim"))

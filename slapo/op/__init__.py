@@ -1,17 +1,32 @@
-"""Library kernels for schedules: attention on SDPA, fused bias+GeLU, vocabulary-parallel
-cross entropy. Schedules swap them in with ``replace`` (or the helpers of
-``slapo.model_schedule.common``); they are plain functions and modules, usable on their own.
+"""Library kernels for schedules: attention on SDPA, fused bias+GeLU, dropout drawn for
+the device, vocabulary-parallel cross entropy. Schedules swap them in with ``replace`` (or the
+helpers of ``slapo.model_schedule.common``); they are plain functions and modules, usable on
+their own. Each op picks its kernel by the device its tensors are on (``kernel_choices``).
 
-- ``attention`` / ``CoreAttention`` / ``hf_attention_forward``: ``sdpa.py``
+- ``attention`` / ``CoreAttention`` / ``hf_attention_forward`` / ``math_attention``: ``sdpa.py``
 - ``bias_gelu`` / ``LinearGeLU``: ``gelu.py``
+- ``dropout`` / ``Dropout``: ``dropout.py``
 - ``vocab_parallel_cross_entropy``: ``cross_entropy.py``
 """
 
 from .cross_entropy import vocab_parallel_cross_entropy
-from .gelu import LinearGeLU, bias_gelu, compiled_kernel_state, gelu_approximation
-from .sdpa import (SLAPO_ATTENTION, CoreAttention, attention, hf_attention_forward, merge_masks,
-                   register_hf_attention)
+from .dropout import Dropout, dropout, dropout_kernel
+from .gelu import (LinearGeLU, bias_gelu, bias_gelu_kernel, compiled_kernel_state,
+                   gelu_approximation)
+from .sdpa import (SLAPO_ATTENTION, CoreAttention, attention, hf_attention_forward, math_attention,
+                   merge_masks, register_hf_attention)
 
-__all__ = ["SLAPO_ATTENTION", "CoreAttention", "LinearGeLU", "attention", "bias_gelu",
-           "compiled_kernel_state", "gelu_approximation", "hf_attention_forward", "merge_masks",
-           "register_hf_attention", "vocab_parallel_cross_entropy"]
+__all__ = ["SLAPO_ATTENTION", "CoreAttention", "Dropout", "LinearGeLU", "attention", "bias_gelu",
+           "bias_gelu_kernel", "compiled_kernel_state", "dropout", "dropout_kernel",
+           "gelu_approximation", "hf_attention_forward", "kernel_choices", "math_attention",
+           "merge_masks", "register_hf_attention", "vocab_parallel_cross_entropy"]
+
+
+def kernel_choices(device_type: str) -> dict[str, str]:
+    """The kernel each op picks on ``device_type`` (for records): attention, its dropout,
+    dropout elsewhere, and bias+GeLU."""
+    attention_kernel = "scaled_dot_product_attention"
+    if device_type == "cpu":
+        attention_kernel += " (written out, uniform-mask dropout, when training with dropout)"
+    return {"attention": attention_kernel, "dropout": dropout_kernel(device_type),
+            "bias_gelu": bias_gelu_kernel(device_type)}

@@ -45,7 +45,7 @@ def _bias_gelu_tanh(x, bias):
 _EAGER = {"none": _bias_gelu_none, "tanh": _bias_gelu_tanh}
 
 
-def _want_compile(x: torch.Tensor, compile: bool | None) -> bool:
+def _want_compile(device_type: str, compile: bool | None) -> bool:
     if _compile_failed:
         return False
     if compile is not None:
@@ -55,7 +55,12 @@ def _want_compile(x: torch.Tensor, compile: bool | None) -> bool:
         return True
     if setting in ("0", "false", "no"):
         return False
-    return x.is_cuda
+    return device_type == "cuda"
+
+
+def bias_gelu_kernel(device_type: str) -> str:
+    """The kernel ``bias_gelu`` picks by default for tensors on ``device_type``."""
+    return "torch.compile" if _want_compile(device_type, None) else "eager"
 
 
 def compiled_kernel_state() -> str:
@@ -77,7 +82,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, approximate: str = "no
         raise ValueError(f"unknown GeLU approximation {approximate!r}; expected 'none' or 'tanh'")
     if bias is None:
         return F.gelu(x, approximate=approximate)
-    if not _want_compile(x, compile):
+    if not _want_compile(x.device.type, compile):
         return _EAGER[approximate](x, bias)
     fn = _compiled.get(approximate)
     if fn is None:

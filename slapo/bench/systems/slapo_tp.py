@@ -20,10 +20,13 @@ from .base import NativeTrainer, TensorParallelTrainer, Unsupported, build_hf_mo
 from .eager import wrap_data_parallel
 
 
-def scheduled_model(spec, ctx, **options):
-    """Build the zoo model on this rank's device and apply its Slapo schedule."""
+def scheduled_model(spec, ctx, notes: list[str], trains_on=None, **options):
+    """Build the zoo model on this rank's device and apply its Slapo schedule; ``notes`` gets
+    the kernels the schedule's ops pick on the device it trains on (``trains_on``, default
+    ``ctx.device``; see ``slapo.op.kernel_choices``)."""
     import slapo
     from slapo.model_schedule import schedule_model
+    from slapo.op import kernel_choices
     from slapo.random import manual_seed
 
     model = build_hf_model(spec, ctx.device)
@@ -34,6 +37,10 @@ def scheduled_model(spec, ctx, **options):
         schedule_model(sch, spec.model, ckpt_ratio=ratio, **options)
     except NotImplementedError as err:
         raise Unsupported(f"no Slapo schedule: {err}") from None
+    if options.get("kernel_opt"):
+        device = (trains_on or ctx.device).type
+        notes.append(f"Slapo kernels on {device}: " + "; ".join(
+            f"{op}: {kernel}" for op, kernel in kernel_choices(device).items()))
     return slapo.build(sch)
 
 
@@ -43,7 +50,7 @@ class SlapoTPSystem(TensorParallelTrainer):
     shard_embedding = True
 
     def setup(self) -> None:
-        self.model = scheduled_model(self.spec, self.ctx, tensor_parallel=True,
+        self.model = scheduled_model(self.spec, self.ctx, self.notes, tensor_parallel=True,
                                      shard_embedding=self.shard_embedding, kernel_opt=True)
         self.make_optimizer()
 
@@ -64,7 +71,7 @@ class SlapoKernelSystem(NativeTrainer):
     description = "Figure 9 '+ Kernel Opt': fused kernels, no TP (data parallel if N > 1)"
 
     def setup(self) -> None:
-        self.inner = scheduled_model(self.spec, self.ctx, tensor_parallel=False,
+        self.inner = scheduled_model(self.spec, self.ctx, self.notes, tensor_parallel=False,
                                      shard_embedding=False, kernel_opt=True)
         self.model = wrap_data_parallel(self.inner, self.ctx)
         self.make_optimizer()

@@ -16,5 +16,5 @@ class SlapoZero3System(DeepSpeedZero3System):
 
     def build(self):
         on_cpu = dataclasses.replace(self.ctx, device=torch.device("cpu"))  # DeepSpeed moves it
-        return scheduled_model(self.spec, on_cpu, tensor_parallel=False, shard_embedding=False,
-                               kernel_opt=True)
+        return scheduled_model(self.spec, on_cpu, self.notes, trains_on=self.ctx.device,
+                               tensor_parallel=False, shard_embedding=False, kernel_opt=True)
