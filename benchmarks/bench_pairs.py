@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--cores", type=int, default=None, help="default: all available")
+    parser.add_argument("--cores", type=int, default=None,
+                        help="cores per case (default: the harness's, one per rank)")
     parser.add_argument("--pairs", default="megatron,deepspeed,ablation")
     parser.add_argument("--models", default="bert-tiny")
     parser.add_argument("--json", help="also write the numbers here")

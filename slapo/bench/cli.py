@@ -22,7 +22,7 @@ from pathlib import Path
 from slapo.bench import cases as _cases
 from slapo.bench import expr as _expr
 from slapo.bench.runspec import DEFAULT_LR, DEFAULT_SEED, DTYPES, RunSpec, default_timeout
-from slapo.bench.threads import available_cores
+from slapo.bench.threads import default_cores
 
 EXIT_USAGE = 2
 
@@ -117,7 +117,7 @@ def spec_from_args(args) -> RunSpec:
     timeout = args.timeout if args.timeout is not None else default_timeout(device, args.steps)
     if timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout}")
-    cores = args.cores if args.cores is not None else available_cores()
+    cores = args.cores if args.cores is not None else default_cores(device, args.gpus)
     if cores < 1:
         raise UsageError(f"--cores must be at least 1, got {cores}")
     return RunSpec(mode=args.mode, model=args.model, gpus=args.gpus, seq_len=args.seq_len,
@@ -205,8 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model config field (VALUE parsed as JSON when it can be)")
     p.add_argument("--cores", type=int, default=None,
                    help="CPU cores the case holds; each of its ranks runs max(1, CORES // "
-                        "ranks) threads, whatever OMP_NUM_THREADS says (default: the cores "
-                        "this process may run on)")
+                        "ranks) threads, whatever OMP_NUM_THREADS says (default: one per rank "
+                        "on CPU, where a rank stands for a GPU; all available on CUDA)")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="profile the timed steps with torch.profiler: each rank writes its "
                         "operator table and trace to DIR (slows the run; the record says so)")

@@ -1,14 +1,17 @@
 """``slapo-bench run --profile DIR``: torch.profiler over the timed steps of every rank.
 
-Each rank writes ``DIR/rank<R>.txt`` (its operators by self time, CPU and, on CUDA, device)
-and ``DIR/rank<R>.trace.json`` (a Chrome trace, for ``chrome://tracing`` or Perfetto), and
-returns a short summary that goes into the record (``metrics.extra.profile``): the profiled
-wall time, the self time of collectives and of the top operators. Warm-up steps are not
+Each rank writes ``DIR/rank<R>.txt`` (its operators by self time, CPU and, on CUDA, device),
+``DIR/rank<R>.ops.json`` (every operator's calls and self time, and the steps profiled: what
+:mod:`slapo.bench.gaps` compares) and ``DIR/rank<R>.trace.json`` (a Chrome trace, for
+``chrome://tracing`` or Perfetto), and returns a short summary that goes into the record
+(``metrics.extra.profile``): the profiled wall time, the self time of collectives and of the
+top operators. Warm-up steps are not
 profiled. Profiling slows the steps it watches, so a profiled record's throughput is not
 comparable with an unprofiled one; the record's notes say so.
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -28,6 +31,7 @@ class StepProfiler:
         self.out_dir, self.rank, self.start, self.cuda = out_dir, rank, start, cuda
         self.prof = None
         self.began = None
+        self.steps = 0  # steps profiled so far
 
     def step_starting(self, step: int) -> None:
         if self.out_dir is None or step != self.start:
@@ -38,6 +42,10 @@ class StepProfiler:
         self.prof = profile(activities=activities)
         self.prof.__enter__()
         self.began = time.perf_counter()
+
+    def step_finished(self) -> None:
+        if self.prof is not None:
+            self.steps += 1
 
     def finish(self) -> dict | None:
         """Stop, write this rank's table and trace, return its summary (None if off)."""
@@ -52,6 +60,10 @@ class StepProfiler:
         (out / f"rank{self.rank}.txt").write_text(averages.table(sort_by=sort,
                                                                   row_limit=TABLE_ROWS))
         self.prof.export_chrome_trace(str(out / f"rank{self.rank}.trace.json"))
+        ops = {e.key: {"calls": e.count, "self_cpu_us": e.self_cpu_time_total}
+               for e in averages}
+        (out / f"rank{self.rank}.ops.json").write_text(json.dumps(
+            {"steps": self.steps, "wall_us": wall_us, "ops": ops}, indent=1))
         return summarize(averages, wall_us)
 
 

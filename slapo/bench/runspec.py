@@ -10,7 +10,7 @@ import dataclasses
 import json
 
 from slapo.bench.cases import Case
-from slapo.bench.threads import ThreadBudget, available_cores
+from slapo.bench.threads import ThreadBudget, default_cores
 
 DTYPES = ("fp32", "fp16", "bf16")
 DEVICES = ("cpu", "cuda")
@@ -54,7 +54,7 @@ class RunSpec:
     lr: float = DEFAULT_LR
     no_dropout: bool = False
     overrides: dict = dataclasses.field(default_factory=dict)  # model config fields
-    cores: int | None = None  # CPU cores the case holds (its ranks share them); None: all
+    cores: int | None = None  # CPU cores the case holds, shared by its ranks (threads.py)
     profile_dir: str | None = None  # where each rank writes its torch.profiler tables
     run_id: str = ""  # ties the record rank 0 writes to this launch
     launch_time: float | None = None  # parent's time.time() just before starting torchrun
@@ -73,7 +73,8 @@ class RunSpec:
 
     def thread_budget(self) -> ThreadBudget:
         """How the case's cores are shared by its ranks (:mod:`slapo.bench.threads`)."""
-        return ThreadBudget.for_case(self.cores or available_cores(), self.gpus)
+        return ThreadBudget.for_case(self.cores or default_cores(self.device, self.gpus),
+                                     self.gpus)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -12,8 +12,10 @@ cases, whose lock-step collectives pay for every descheduling).
 - each rank applies it to torch before any work (:func:`apply_in_rank`) and reports what torch
   then uses (:func:`threads_in_use`), which goes into the record's ``env``.
 
-``cores`` defaults to the cores this process may run on (:func:`available_cores`); the workflow
-passes its job's ``threads``.
+``cores`` defaults to :func:`default_cores`: on CPU one core per rank (a rank stands for a
+GPU, so a case on N "GPUs" gets N cores' worth of compute, and Figure 9's tensor-parallel steps
+get more hardware than its one-device steps, as on GPUs); on CUDA every core this process may
+run on, shared by the ranks. The workflow passes its job's ``threads``, planned the same way.
 """
 from __future__ import annotations
 
@@ -32,6 +34,11 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def default_cores(device: str, ranks: int) -> int:
+    """The cores a case holds unless told: its rank count on CPU, all available on CUDA."""
+    return ranks if device == "cpu" else available_cores()
 
 
 @dataclasses.dataclass(frozen=True)

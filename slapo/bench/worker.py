@@ -139,6 +139,7 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
         if cuda:
             torch.cuda.synchronize(ctx.device)
         times.append(time.perf_counter() - start)
+        profiler.step_finished()
         if step == 0:
             timeline["first_step_end"] = time.time()
         losses.append(loss)

@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     for flag in ("--gpus", "--seq-len", "--dec-seq-len", "--batch-size", "--steps", "--warmup",
                  "--timeout", "--cores"):
         parser.add_argument(flag, type=int, default=0)
+    parser.add_argument("--profile")  # accepted, ignored: the fake writes no profile
+    parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     plan = {}
     if os.environ.get("FAKE_HARNESS_PLAN"):

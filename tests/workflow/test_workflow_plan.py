@@ -133,11 +133,11 @@ def test_resources_and_threads():
     assert case.gpus == 2
     assert plan.gpus_resource(case, {"device": "cuda"}) == 2
     assert plan.gpus_resource(case, {"device": "cpu"}) == 0
-    # CPU: a case holds every core the workflow has (cases then run one at a time)
+    # CPU: one core per rank, whatever the machine has (a rank stands for a GPU)
     assert plan.threads(case, {"device": "cpu"}, 2) == 2
-    assert plan.threads(case, {"device": "cpu"}, 16) == 16
+    assert plan.threads(case, {"device": "cpu"}, 16) == 2
     one_rank = parse_cfg(REPO / "configs/e2e/cpu_tiny.cfg", max_gpus=2)[0]
-    assert one_rank.gpus == 1 and plan.threads(one_rank, {"device": "cpu"}, 2) == 2
+    assert one_rank.gpus == 1 and plan.threads(one_rank, {"device": "cpu"}, 2) == 1
     # CUDA: the share of the cores that the case's GPUs are of the machine's, at least one
     assert plan.threads(case, {"device": "cuda", "gpus_available": 8}, 16) == 4
     assert plan.threads(case, {"device": "cuda", "gpus_available": 8}, 2) == 1

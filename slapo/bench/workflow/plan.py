@@ -37,7 +37,7 @@ PROFILE_BY_GPUS = ((8, "paper"), (1, "gpu1"), (0, "cpu"))  # (at least this many
 
 # Modules of slapo/bench that only analyse records: editing them reruns the aggregates, never
 # a case. Everything else under slapo/ (but slapo/model_schedule) is code a case runs.
-ANALYSIS_MODULES = ("aggregate.py", "plots.py", "table4.py", "claims.py")
+ANALYSIS_MODULES = ("aggregate.py", "plots.py", "table4.py", "claims.py", "gaps.py")
 ANALYSIS_DIRS = ("workflow",)
 CASE_RUNNER = ("workflow/__init__.py", "workflow/run_case.py", "workflow/gpu_slots.py")
 SCHEDULE_DIR = "slapo/model_schedule"
@@ -207,13 +207,12 @@ def threads(case: Case, settings: dict, cores: int | None) -> int:
     ``max(1, threads // ranks)`` of them, :mod:`slapo.bench.threads`), out of the ``cores``
     the workflow may use (``workflow.cores``; None: this machine's).
 
-    On CPU a case holds all of them: its ranks are the "GPUs", so cases run one at a time and
-    each measures the machine alone (CPU cases side by side would slow each other). On CUDA
-    a case holds the share of the cores that its GPUs are of the machine's, at least one.
+    On CPU one core per rank: a rank stands for a GPU (Snakemake caps it at ``cores``). On
+    CUDA the share of the cores that the case's GPUs are of the machine's, at least one.
     """
-    cores = cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
     if settings["device"] == "cpu":
-        return cores
+        return case.gpus
+    cores = cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
     gpus_available = max(int(settings.get("gpus_available") or 0), case.gpus, 1)
     return max(1, cores * case.gpus // gpus_available)
 

@@ -39,7 +39,6 @@ from pathlib import Path
 from slapo.bench import launch
 from slapo.bench.process import own_session_and_parent_death_signal, stop_tree
 from slapo.bench.record import Record, RecordError, collect_env, now, read_record, write_record
-from slapo.bench.threads import available_cores
 from slapo.bench.workflow.gpu_slots import GpuSlots
 
 GRACE_S = 120  # the hard timeout is the case's timeout plus this
@@ -57,7 +56,7 @@ class Interrupted(Exception):
 def harness_command(harness: str, spec: dict, out: str, log: str,
                     cores: int | None = None) -> list[str]:
     """The harness CLI call for ``spec`` (``slapo-bench run`` contract); ``cores``: the CPU
-    cores the job holds (default: those this process may run on)."""
+    cores the job holds (None: the harness's default, :func:`slapo.bench.threads.default_cores`)."""
     cmd = shlex.split(harness)
     if cmd and cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable
@@ -68,7 +67,7 @@ def harness_command(harness: str, spec: dict, out: str, log: str,
         "--ckpt", str(spec["ckpt"]), "--steps", str(spec["steps"]),
         "--warmup", str(spec["warmup"]), "--dtype", spec["dtype"],
         "--timeout", str(spec["timeout"]), "--case-id", spec["case_id"],
-        "--device", spec["device"], "--cores", str(cores or available_cores()),
+        "--device", spec["device"], *(["--cores", str(cores)] if cores else []),
         "--out", out, "--log", log,
     ]
 
@@ -161,13 +160,20 @@ def run(spec: dict, out: str, log: str, harness: str = DEFAULT_HARNESS,
         note.flush()
 
 
-def _run(spec, out, log, harness, slots_dir, slots_total, grace, cores, note) -> int:
-    started = now()
+def harness_env() -> dict:
+    """The harness's environment: this one, offline, DeepSpeed's extension cache in
+    ``.cache/torch_extensions`` unless set, and this checkout first on ``PYTHONPATH``."""
     env = dict(os.environ)
     for key, value in OFFLINE_ENV.items():
         env.setdefault(key, value)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(".cache/torch_extensions").resolve()))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    return env
+
+
+def _run(spec, out, log, harness, slots_dir, slots_total, grace, cores, note) -> int:
+    started = now()
+    env = harness_env()
     note(f"case {spec['case_id']}: {json.dumps(spec, sort_keys=True)}")
     alloc = None
     if spec["device"] == "cuda" and slots_total is not None and slots_dir:
@@ -241,7 +247,7 @@ def main(argv=None) -> int:
                         help="seconds past the case's timeout before the harness is killed")
     parser.add_argument("--cores", type=int, default=None,
                         help="CPU cores the job holds, shared by the case's ranks (the rule "
-                             "passes its threads; default: the cores this process may use)")
+                             "passes its threads; default: the harness's)")
     args = parser.parse_args(argv)
     spec = json.loads(args.spec)
     if args.timeout is not None:

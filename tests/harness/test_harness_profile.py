@@ -1,0 +1,30 @@
+"""``slapo-bench run --profile``: every rank profiles its timed steps and the record says so
+(a real 2-rank launch, hence slow)."""
+import json
+
+import pytest
+
+from harness_util import run_case
+
+pytestmark = pytest.mark.slow
+
+
+def test_each_rank_writes_its_operator_table_and_the_record_summarises_it(tmp_path):
+    prof = tmp_path / "prof"
+    _, record = run_case(tmp_path / "r.json", "--mode", "slapo-megatron", "--model", "bert-tiny",
+                         "--gpus", "2", "--seq-len", "16", "--batch-size", "4", "--steps", "4",
+                         "--warmup", "1", "--profile", prof)
+    assert record.status == "ok", record.reason
+    for rank in (0, 1):
+        ops = json.loads((prof / f"rank{rank}.ops.json").read_text())
+        assert ops["steps"] == 3  # the timed steps only
+        assert ops["ops"]["aten::mm"]["calls"] > 0
+        assert any("allreduce" in name for name in ops["ops"])  # tensor parallelism talks
+        assert "aten::mm" in (prof / f"rank{rank}.txt").read_text()
+        assert (prof / f"rank{rank}.trace.json").stat().st_size > 0
+    summary = record.metrics.extra["profile"]
+    assert set(summary) == {"0", "1"}
+    assert summary["0"]["collective_self_cpu_us"] > 0 and summary["0"]["top_ops"]
+    assert any("profiled with torch.profiler" in n for n in record.metrics.extra["notes"])
+    assert any(n.startswith("Slapo kernels on cpu: attention") for n in
+               record.metrics.extra["notes"])
