@@ -133,15 +133,19 @@ def test_resources_and_threads():
     assert case.gpus == 2
     assert plan.gpus_resource(case, {"device": "cuda"}) == 2
     assert plan.gpus_resource(case, {"device": "cpu"}) == 0
-    # CPU: one core per rank, whatever the machine has (a rank stands for a GPU)
-    assert plan.threads(case, {"device": "cpu"}, 2) == 2
-    assert plan.threads(case, {"device": "cpu"}, 16) == 2
+    # CPU: the job holds every core (cases run alone), its ranks one core each
     one_rank = parse_cfg(REPO / "configs/e2e/cpu_tiny.cfg", max_gpus=2)[0]
-    assert one_rank.gpus == 1 and plan.threads(one_rank, {"device": "cpu"}, 2) == 1
+    assert one_rank.gpus == 1
+    for cores in (2, 16):
+        assert plan.threads(case, {"device": "cpu"}, cores) == cores
+        assert plan.threads(one_rank, {"device": "cpu"}, cores) == cores
+        assert plan.rank_cores(case, {"device": "cpu"}, cores) == 2
+        assert plan.rank_cores(one_rank, {"device": "cpu"}, cores) == 1
     # CUDA: the share of the cores that the case's GPUs are of the machine's, at least one
     assert plan.threads(case, {"device": "cuda", "gpus_available": 8}, 16) == 4
     assert plan.threads(case, {"device": "cuda", "gpus_available": 8}, 2) == 1
     assert plan.threads(case, {"device": "cuda", "gpus_available": 2}, 16) == 16
+    assert plan.rank_cores(case, {"device": "cuda", "gpus_available": 8}, 16) == 4
 
 
 def test_schedule_imports_of_other_families_are_followed(tmp_path):

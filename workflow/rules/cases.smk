@@ -26,11 +26,13 @@ rule case:
         # the case's time limit (s); runtime: the same plus the runner's grace, in minutes,
         # for cluster schedulers. Resources, not params: raising them reruns nothing.
         timeout_s=PROFILE["timeout"],
+        # cores the case's ranks share (one per rank on CPU, where the job holds them all)
+        rank_cores=case_rank_cores,
         runtime=plan.runtime_minutes(PROFILE),
     conda:
         ENV
     shell:
         "python workflow/scripts/run_module.py slapo.bench.workflow.run_case "
-        "--spec {params.spec:q} --timeout {resources.timeout_s} --cores {threads} "
+        "--spec {params.spec:q} --timeout {resources.timeout_s} --cores {resources.rank_cores} "
         "--harness {params.harness:q} "
         "--out {output.record} --log {log}"

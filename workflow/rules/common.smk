@@ -59,6 +59,10 @@ def case_threads(wildcards):
     return plan.threads(case_of(wildcards), PROFILE, workflow.cores)
 
 
+def case_rank_cores(wildcards):
+    return plan.rank_cores(case_of(wildcards), PROFILE, workflow.cores)
+
+
 def records(experiment):
     """The records an aggregate reads: every case of the experiment in the active profile."""
     return [

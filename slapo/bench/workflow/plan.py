@@ -203,18 +203,27 @@ def gpus_resource(case: Case, settings: dict) -> int:
 
 
 def threads(case: Case, settings: dict, cores: int | None) -> int:
-    """Cores a case's job holds (its ``threads``; the harness gives each rank
-    ``max(1, threads // ranks)`` of them, :mod:`slapo.bench.threads`), out of the ``cores``
-    the workflow may use (``workflow.cores``; None: this machine's).
+    """Cores a case's job holds (its ``threads``), out of the ``cores`` the workflow may use
+    (``workflow.cores``; None: this machine's).
 
-    On CPU one core per rank: a rank stands for a GPU (Snakemake caps it at ``cores``). On
-    CUDA the share of the cores that the case's GPUs are of the machine's, at least one.
+    On CPU all of them, so that a case measures alone: two one-rank cases side by side ran
+    10-20% slower than alone here (benchmarks/bench_fidelity.py, docs/workflow.md). On CUDA the
+    share of the cores that the case's GPUs are of the machine's, at least one.
     """
-    if settings["device"] == "cpu":
-        return case.gpus
     cores = cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
+    if settings["device"] == "cpu":
+        return cores
     gpus_available = max(int(settings.get("gpus_available") or 0), case.gpus, 1)
     return max(1, cores * case.gpus // gpus_available)
+
+
+def rank_cores(case: Case, settings: dict, cores: int | None) -> int:
+    """Cores a case's ranks share (the harness's ``--cores``; each rank runs
+    ``max(1, rank_cores // ranks)`` threads, :mod:`slapo.bench.threads`): on CPU one per rank,
+    a rank standing for a GPU; on CUDA all the job holds (:func:`threads`)."""
+    if settings["device"] == "cpu":
+        return case.gpus
+    return threads(case, settings, cores)
 
 
 # ----------------------------------------------------------------------------- dependencies
