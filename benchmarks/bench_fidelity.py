@@ -5,14 +5,15 @@
 
 The sample: every system of the cpu profile at 1 and 2 ranks on bert-tiny (Figure 7's four
 systems from configs/e2e/cpu_tiny.cfg, the four ablation steps from
-configs/ablation/cpu_tiny.cfg), with the cpu profile's steps and warm-up. Each round measures
-the sample both ways, alternating which goes first:
+configs/ablation/cpu_tiny.cfg), with the cpu profile's steps and warm-up. Each round runs
+every case both ways, back to back, alternating which goes first (the machine's speed drifts
+over minutes here, so the two ways of a case are measured within a minute of each other):
 
-- as workflow jobs: one ``snakemake --cores N --forcerun <records>`` of the whole sample in a
-  temporary copy of the repository whose config has a ``fidelity`` profile of these cases:
-  the real harness and rules, and Snakemake's scheduling (one-rank cases side by side when
-  the cores allow, ``OMP_NUM_THREADS`` exported as each job's threads);
-- by hand: ``slapo-bench run ...`` of each case in turn, from a shell without thread variables.
+- as a workflow job: ``snakemake --cores N --forcerun <record>`` in a temporary copy of the
+  repository whose config has a ``fidelity`` profile of these cases: the real harness, rules
+  and environment (``OMP_NUM_THREADS`` exported as the job's threads). CPU case jobs hold
+  every core and run alone, so a job run by itself is what a job of the whole workflow sees;
+- by hand: ``slapo-bench run ...`` from a shell without thread variables.
 
 Printed per case: the median over the rounds of each run's median samples/s and the range of
 those medians, both ways, their ratio (workflow / by hand) with its range over the rounds, and
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests" / "workflow"))
 from wf_util import copy_workflow  # noqa: E402  (the workflow tests' sandbox)
 
 from slapo.bench.cases import parse_cfg_text  # noqa: E402
+from slapo.bench.threads import available_cores  # noqa: E402
 
 
 def sample(models) -> dict[str, list[str]]:
@@ -65,36 +66,23 @@ def make_copy(dest: Path, lines: dict, cpu: dict) -> Path:
     return repo
 
 
-def run_in_workflow(repo: Path, cases, cores: int) -> dict[str, dict]:
-    """Every case of ``cases`` (``[(experiment, Case)]``) as jobs of one Snakemake run;
-    returns ``{case id: record}``."""
+def run_in_workflow(repo: Path, experiment: str, case_id: str, cores: int) -> dict:
+    """The case as a job of the copy's workflow; returns its record."""
     from slapo.bench.record import read_record
 
-    targets = {case.id: f"results/{exp}/fidelity/{case.id}.json" for exp, case in cases}
+    target = f"results/{experiment}/fidelity/{case_id}.json"
     cmd = [sys.executable, "-m", "snakemake", "--workflow-profile", "workflow/profiles/default",
-           "--cores", str(cores), "--forcerun", *targets.values(), "--", *targets.values()]
-    env = {**user_env(), "TORCH_EXTENSIONS_DIR": str(ROOT / ".cache" / "torch_extensions")}
-    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+           "--cores", str(cores), "--forcerun", target, "--", target]
+    proc = subprocess.run(cmd, cwd=repo, env=user_env(), capture_output=True, text=True)
     if proc.returncode:
-        raise SystemExit(f"snakemake failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return {case_id: read_record(repo / target).to_dict() for case_id, target in targets.items()}
-
-
-def run_by_hand_all(cases, tmp: Path, cpu: dict) -> dict[str, dict]:
-    """Every case of ``cases`` through ``slapo-bench run``, one after the other."""
-    found = {}
-    for _, case in cases:
-        shape = (case.mode, case.model, case.gpus, case.seq_len, case.dec_seq_len,
-                 case.batch_size)
-        found[case.id] = run_by_hand(shape, tmp / f"{case.id}.json", cpu["steps"],
-                                     cpu["warmup"])
-    return found
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return read_record(repo / target).to_dict()
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
+    parser.add_argument("--cores", type=int, default=available_cores(),
                         help="the workflow's cores (default: all available)")
     parser.add_argument("--models", default="bert-tiny")
     parser.add_argument("--json", help="also write the numbers here")
@@ -113,17 +101,22 @@ def main(argv=None) -> int:
           f"({cpu['warmup']} warm-up), snakemake --cores {args.cores}; {load()}", flush=True)
     try:
         for r in range(args.rounds):
-            ways = ("workflow", "by_hand") if r % 2 == 0 else ("by_hand", "workflow")
-            for way in ways:
-                records = (run_in_workflow(repo, cases, args.cores) if way == "workflow"
-                           else run_by_hand_all(cases, tmp, cpu))
-                for case_id, record in records.items():
+            for i, (exp, case) in enumerate(cases):
+                ways = ("workflow", "by_hand") if (r + i) % 2 == 0 else ("by_hand", "workflow")
+                for way in ways:
+                    if way == "workflow":
+                        record = run_in_workflow(repo, exp, case.id, args.cores)
+                    else:
+                        shape = (case.mode, case.model, case.gpus, case.seq_len,
+                                 case.dec_seq_len, case.batch_size)
+                        record = run_by_hand(shape, tmp / f"{case.id}.json", cpu["steps"],
+                                             cpu["warmup"])
                     value = rate(record)
                     if value is None:
-                        raise SystemExit(f"{case_id} ({way}): {record['status']}: "
+                        raise SystemExit(f"{case.id} ({way}): {record['status']}: "
                                          f"{record['reason'][:500]}")
-                    results[case_id][way].append(value)
-                    results[case_id]["threads"][way] = record["env"].get("threads_per_rank")
+                    results[case.id][way].append(value)
+                    results[case.id]["threads"][way] = record["env"].get("threads_per_rank")
             print(f"round {r + 1}/{args.rounds} done; {load()}", flush=True)
     finally:
         if not args.keep:

@@ -1,17 +1,18 @@
 """Benchmark: each Slapo system beside its own engine, and each ablation step beside the one
 before, on CPU ranks, interleaved (printed).
 
-    python benchmarks/bench_pairs.py [--rounds 3] [--steps 25] [--warmup 5] [--cores N]
+    python benchmarks/bench_pairs.py [--rounds 3] [--steps S] [--warmup W] [--cores N]
                                      [--pairs megatron,deepspeed,ablation] [--models bert-tiny]
                                      [--json out.json]
 
-Pairs: ``megatron`` vs ``slapo-megatron`` and ``deepspeed`` vs ``slapo-deepspeed`` (per model,
-1 and 2 ranks, batch 4 x ranks, seq 128 as in the cpu profile), and the ablation's steps
-(Vanilla vs + Kernel Opt on 1 rank, batch 8; + Attn/FFN TP vs + Embedding TP on 2 ranks, batch
-16). Each round runs both sides of every pair back to back, alternating which goes first, so
-that whatever else loads the machine loads both alike. Printed per pair: the median over the
-rounds of each run's median samples/s, the range of those medians, and the ratio
-(Slapo / engine, later step / earlier) with its range over the rounds; and the load.
+Pairs, from the cpu profile's cfg files (configs/e2e/cpu_tiny.cfg,
+configs/ablation/cpu_tiny.cfg): ``megatron`` vs ``slapo-megatron`` (models megatron-core has)
+and ``deepspeed`` vs ``slapo-deepspeed``, per model of ``--models`` and rank count, and each
+ablation step vs the one before. Each round runs both sides of every pair back to back,
+alternating which goes first, so that whatever else loads the machine loads both alike.
+Printed per pair: the median over the rounds of each run's median samples/s, the range of those
+medians, and the ratio (Slapo / engine, later step / earlier) with its range over the rounds;
+and the load. Steps and warm-up default to the cpu profile's.
 """
 from __future__ import annotations
 
@@ -21,37 +22,45 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from harness_runs import case_label, fmt, load, rate, run_by_hand, summary
+import yaml
 
-# The cpu profile's shapes (configs/e2e/cpu_tiny.cfg, configs/ablation/cpu_tiny.cfg).
-SEQ = {"t5-tiny": (128, 64), "wideresnet-tiny": (1, 0)}
-MEGATRON_MODELS = ("bert-tiny", "gpt-neo-tiny", "t5-tiny", "llama-tiny")
+from harness_runs import ROOT, case_label, fmt, load, rate, run_by_hand, summary
+
+ENGINES = {"megatron": "slapo-megatron", "deepspeed": "slapo-deepspeed"}
+E2E_CFG = ROOT / "configs" / "e2e" / "cpu_tiny.cfg"
+ABLATION_CFG = ROOT / "configs" / "ablation" / "cpu_tiny.cfg"
+CPU_PROFILE = yaml.safe_load((ROOT / "configs" / "config.yaml").read_text())["profiles"]["cpu"]
+
+
+def shape(case) -> tuple:
+    return (case.mode, case.model, case.gpus, case.seq_len, case.dec_seq_len, case.batch_size)
 
 
 def pairs(kinds, models) -> list[tuple]:
+    from slapo.bench.cases import parse_cfg
+    from slapo.bench.systems.megatron import SUPPORTED
+    from slapo.bench.workflow.plan import model_family
+
     found = []
-    for kind in kinds:
-        if kind == "ablation":
-            found.append((("eager", "bert-tiny", 1, 128, 0, 8),
-                          ("slapo-kernel", "bert-tiny", 1, 128, 0, 8)))
-            found.append((("slapo-tp-attn-ffn", "bert-tiny", 2, 128, 0, 16),
-                          ("slapo-tp-full", "bert-tiny", 2, 128, 0, 16)))
+    cases = {(c.mode, c.model, c.gpus): c for c in parse_cfg(E2E_CFG, max_gpus=2)}
+    for (mode, model, gpus), case in cases.items():
+        ours = cases.get((ENGINES.get(mode), model, gpus))
+        if mode not in kinds or model not in models or ours is None:
             continue
-        for model in models:
-            if kind == "megatron" and model not in MEGATRON_MODELS:
-                continue
-            seq, dec = SEQ.get(model, (128, 0))
-            for gpus in (1, 2):
-                found.append(((kind, model, gpus, seq, dec, 4 * gpus),
-                              (f"slapo-{kind}", model, gpus, seq, dec, 4 * gpus)))
+        if mode == "megatron" and model_family(model, ROOT) not in SUPPORTED:
+            continue  # unsupported, as in the paper: nothing to compare
+        found.append((shape(case), shape(ours)))
+    if "ablation" in kinds:
+        steps = parse_cfg(ABLATION_CFG, max_gpus=2)
+        found += [(shape(a), shape(b)) for a, b in zip(steps, steps[1:])]
     return found
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=25)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=CPU_PROFILE["steps"])
+    parser.add_argument("--warmup", type=int, default=CPU_PROFILE["warmup"])
     parser.add_argument("--cores", type=int, default=None,
                         help="cores per case (default: the harness's, one per rank)")
     parser.add_argument("--pairs", default="megatron,deepspeed,ablation")

@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from slapo.bench.launch import OFFLINE_ENV  # noqa: E402
 from slapo.bench.threads import THREAD_ENV_VARS  # noqa: E402
 
 
@@ -35,7 +36,7 @@ def case_label(case) -> str:
 def user_env() -> dict:
     """The environment of a user's shell: offline, no thread variables, no GPUs."""
     env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV_VARS}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    env.update(OFFLINE_ENV, CUDA_VISIBLE_DEVICES="")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
     return env
 

@@ -85,6 +85,8 @@ def compare(a, b, threshold: float = 1.0) -> str:
     PASS if ``q1(a) / q3(b) >= threshold``, FAIL if ``q3(a) / q1(b) < threshold``, else
     INCONCLUSIVE (the noise rule, :data:`NOISE_RULE`)."""
     (a1, a3), (b1, b3) = _quartiles(a), _quartiles(b)
+    if min(a1, b1) <= 0:  # no throughput to compare (a broken row): decide nothing
+        return INCONCLUSIVE
     if a1 / b3 >= threshold:
         return PASS
     if a3 / b1 < threshold:

@@ -15,7 +15,7 @@ time is compared: in all, in collectives (and their waits), and per operator, th
 whose time differs most first. The profiles' tables and traces stay under ``--profiles``.
 
     python -m slapo.bench.gaps --e2e results/e2e.csv --ablation results/ablation.csv \\
-        --out results/gaps.json --profiles results/profiles [--cores N] [--harness CMD]
+        --out results/gaps.json --profiles results/profiles [--harness CMD]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from slapo.bench.aggregate import ABLATION_LABELS, ABLATION_STEPS, SYSTEM_LABELS, write_text
-from slapo.bench.claims import FAIL, INCONCLUSIVE, PASS, compare
+from slapo.bench.claims import FAIL, INCONCLUSIVE, PASS, _ok_rate, _read, _records, compare
 from slapo.bench.profiling import COLLECTIVE
 from slapo.bench.record import read_record
 from slapo.bench.runspec import default_timeout
@@ -41,7 +41,7 @@ TOP_DIFFERENCES = 6
 
 
 def _ok(row) -> bool:
-    return row is not None and row.get("status") == "ok"
+    return row is not None and (_ok_rate(row) or 0) > 0
 
 
 def _label(mode: str) -> str:
@@ -85,9 +85,10 @@ def _case(row) -> dict:
             "samples_per_s": float(row["samples_per_s"])}
 
 
-def profile_case(case: dict, out_dir: Path, device: str, dtype: str, cores: int | None,
+def profile_case(case: dict, out_dir: Path, device: str, dtype: str,
                  harness: str = DEFAULT_HARNESS) -> dict:
-    """Run ``case`` under the profiler through the harness CLI; returns rank 0's operators
+    """Run ``case`` under the profiler through the harness CLI, with the harness's own thread
+    budget (on CPU one core per rank, as the workflow's cases); returns rank 0's operators
     (``rank0.ops.json``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = {"mode": case["mode"], "model": case["model"], "gpus": case["gpus"],
@@ -97,7 +98,7 @@ def profile_case(case: dict, out_dir: Path, device: str, dtype: str, cores: int 
             "timeout": default_timeout(device, PROFILE_STEPS),
             "case_id": f"profile of {case['mode']} {case['model']}"}
     record_path, log = out_dir / "record.json", out_dir / "run.log"
-    cmd = harness_command(harness, spec, str(record_path), str(log), cores)
+    cmd = harness_command(harness, spec, str(record_path), str(log))
     env = harness_env()
     if device != "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -144,8 +145,8 @@ def cause_text(profile: dict) -> str:
 
 
 def find_gaps(e2e_rows, ablation_rows, profiles: Path | None, device: str = "cpu",
-              dtype: str = "fp32", cores: int | None = None,
-              max_profiles: int = MAX_PROFILES, harness: str = DEFAULT_HARNESS) -> dict:
+              dtype: str = "fp32", max_profiles: int = MAX_PROFILES,
+              harness: str = DEFAULT_HARNESS) -> dict:
     points = target_points(e2e_rows, ablation_rows)
     behind = sorted((p for p in points if p["verdict"] == FAIL), key=lambda p: p["ratio"])
     for i, point in enumerate(behind):
@@ -156,9 +157,8 @@ def find_gaps(e2e_rows, ablation_rows, profiles: Path | None, device: str = "cpu
         where = profiles / f"{point['slapo']['mode']}__{point['model'].replace('/', '_')}__" \
                            f"g{point['gpus']}"
         try:
-            base = profile_case(point["baseline"], where / "baseline", device, dtype, cores,
-                                harness)
-            ours = profile_case(point["slapo"], where / "slapo", device, dtype, cores, harness)
+            base = profile_case(point["baseline"], where / "baseline", device, dtype, harness)
+            ours = profile_case(point["slapo"], where / "slapo", device, dtype, harness)
         except (RuntimeError, OSError, ValueError) as err:
             point["cause"] = f"profiling failed: {err}"
             continue
@@ -169,17 +169,6 @@ def find_gaps(e2e_rows, ablation_rows, profiles: Path | None, device: str = "cpu
             "profile_steps": PROFILE_STEPS - PROFILE_WARMUP}
 
 
-def _rows(path) -> list[dict]:
-    import pandas as pd
-
-    if path is None or not Path(path).is_file():
-        return []
-    try:
-        return pd.read_csv(path).to_dict("records")
-    except pd.errors.EmptyDataError:
-        return []
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--e2e")
@@ -188,12 +177,12 @@ def main(argv=None) -> int:
     parser.add_argument("--profiles", required=True, help="folder of the profiles")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
-    parser.add_argument("--cores", type=int, default=None)
     parser.add_argument("--max-profiles", type=int, default=MAX_PROFILES)
     parser.add_argument("--harness", default=DEFAULT_HARNESS, help="the harness CLI")
     args = parser.parse_args(argv)
-    result = find_gaps(_rows(args.e2e), _rows(args.ablation), Path(args.profiles), args.device,
-                       args.dtype, args.cores, args.max_profiles, args.harness)
+    result = find_gaps(_records(_read(args.e2e)), _records(_read(args.ablation)),
+                       Path(args.profiles), args.device, args.dtype, args.max_profiles,
+                       args.harness)
     write_text(args.out, json.dumps(result, indent=2) + "\n")
     for p in result["points"]:
         print(f"{p['what']} {p['model']} x{p['gpus']}: {p['ratio']:.2f}x, {p['relation']}"

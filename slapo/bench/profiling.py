@@ -16,10 +16,12 @@ import re
 import time
 from pathlib import Path
 
-# Operator names of collectives and their waits (c10d ops, gloo/NCCL kernels, autograd
-# wrappers of the sharding ops).
-COLLECTIVE = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier|alltoall|"
-                        r"c10d::|gloo|nccl|record_param_comms|wait", re.IGNORECASE)
+# Operator names of collectives and their waits: c10d ops, gloo/NCCL kernels, the autograd
+# wrappers of Slapo's sharding ops (_AllReduceForward, ...) and of megatron-core's
+# (_ReduceFromModelParallelRegion, LinearWithGradAccumulationAndAsyncCommunication...).
+COLLECTIVE = re.compile(r"c10d::|gloo|nccl|record_param_comms|all_?reduce|all_?gather|"
+                        r"reduce_?scatter|alltoall|ModelParallelRegion|Communication",
+                        re.IGNORECASE)
 TOP_OPS = 15
 TABLE_ROWS = 60
 

@@ -15,7 +15,7 @@ cases, whose lock-step collectives pay for every descheduling).
 ``cores`` defaults to :func:`default_cores`: on CPU one core per rank (a rank stands for a
 GPU, so a case on N "GPUs" gets N cores' worth of compute, and Figure 9's tensor-parallel steps
 get more hardware than its one-device steps, as on GPUs); on CUDA every core this process may
-run on, shared by the ranks. The workflow passes its job's ``threads``, planned the same way.
+run on, shared by the ranks. The workflow passes the same (``plan.rank_cores``).
 """
 from __future__ import annotations
 

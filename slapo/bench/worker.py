@@ -168,6 +168,10 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
                 else "gloo", **spec.thread_budget().as_env_record(),
                 "threads_in_use": [rank["threads"] for rank in gathered]})
     notes = list(system.notes)
+    budget = spec.thread_budget()
+    if budget.oversubscribed:
+        notes.append(f"oversubscribed: {budget.ranks} ranks on {budget.cores} cores (one "
+                     "thread each); the steps measure the cores' time-sharing too")
     if spec.profile_dir:
         notes.append(f"profiled with torch.profiler (tables and traces in {spec.profile_dir}): "
                      "the timed steps ran slower than unprofiled ones")

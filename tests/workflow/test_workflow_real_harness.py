@@ -27,16 +27,17 @@ def test_one_real_case(repo):
     assert repo.dry_run(f"results/e2e/test/{CASE}.json") == {}
 
 
-def test_ranks_share_the_jobs_cores_whatever_the_environment_says(repo):
-    """The job holds the workflow's 2 cores (Snakemake exports OMP_NUM_THREADS=2 to it, and the
-    caller said 4): each of the 2 ranks must run 1 intra-op and 1 inter-op thread."""
+def test_ranks_get_one_core_each_whatever_the_environment_says(repo):
+    """The job holds the workflow's 4 cores (Snakemake exports OMP_NUM_THREADS=4 to it, and the
+    caller said 4 too), its 2 ranks one core each: each must run 1 intra-op and 1 inter-op
+    thread."""
     (repo.path / "configs" / "e2e" / "real.cfg").write_text("slapo-megatron bert-tiny 2 32 0 4 0\n")
     config = make_config(repo.path, experiments={"e2e": ["configs/e2e/real.cfg"],
                                                  "ablation": []}, timeout=300)
     config["harness"] = "python -m slapo.bench.cli"
     repo.write_config(config)
-    repo.snakemake(f"results/e2e/test/{CASE}.json", env_extra={"OMP_NUM_THREADS": "4",
-                                                               "MKL_NUM_THREADS": "4"})
+    repo.snakemake(f"results/e2e/test/{CASE}.json", "--cores", "4",
+                   env_extra={"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4"})
     record = read_record(repo.record("e2e", CASE))
     assert record.status == "ok", record.reason
     env = record.env

@@ -13,7 +13,8 @@ rule gaps:
         device=PROFILE["device"],
         dtype=PROFILE["dtype"],
         harness=config["harness"],
-    # it reruns cases under the profiler: it holds the machine as a case does
+    # it reruns cases under the profiler: it holds the machine as a case does (the harness
+    # gives their ranks one core each on CPU, as in the cases)
     threads: workflow.cores
     resources:
         gpus=PROFILE["max_gpus"] if PROFILE["device"] == "cuda" else 0,
@@ -24,8 +25,8 @@ rule gaps:
     shell:
         "python workflow/scripts/run_module.py slapo.bench.gaps --e2e {input.e2e} "
         "--ablation {input.ablation} --out {output} --profiles results/profiles "
-        "--device {params.device} --dtype {params.dtype} --cores {threads} "
-        "--harness {params.harness:q} > {log} 2>&1"
+        "--device {params.device} --dtype {params.dtype} --harness {params.harness:q} "
+        "> {log} 2>&1"
 
 
 rule claims:
