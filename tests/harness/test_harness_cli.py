@@ -114,8 +114,8 @@ def test_family_without_schedule_is_unsupported(monkeypatch):
     monkeypatch.setattr(model_schedule, "_family_schedules", lambda: {})
     spec = _spec(mode="slapo-megatron")
     with pytest.raises(Unsupported, match="no Slapo schedule: no schedule for the bert family"):
-        scheduled_model(spec, DistContext(0, 1, 0, torch.device("cpu")), tensor_parallel=True,
-                        shard_embedding=True, kernel_opt=True)
+        scheduled_model(spec, DistContext(0, 1, 0, torch.device("cpu")), [],
+                        tensor_parallel=True, shard_embedding=True, kernel_opt=True)
 
 
 def test_default_timeouts():

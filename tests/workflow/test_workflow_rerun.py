@@ -7,7 +7,7 @@ from wf_util import ABLATION_CASES, E2E_CASES, make_config
 
 pytestmark = pytest.mark.slow
 
-AGGREGATES_E2E = {"e2e_table", "e2e_figure", "claims", "all"}
+AGGREGATES_E2E = {"e2e_table", "e2e_figure", "gaps", "claims", "all"}
 
 
 def _edit(path, old, new):
@@ -21,7 +21,8 @@ def test_complete_run_has_every_output(done_repo):
     assert len(done_repo.records("ablation")) == ABLATION_CASES
     for rel in ("results/e2e.csv", "figures/e2e.pdf", "results/ablation.csv",
                 "figures/ablation.pdf", "results/loc.csv", "figures/table4.md",
-                "figures/table4.tex", "results/claims.md", "results/claims.json"):
+                "figures/table4.tex", "results/gaps.json", "results/claims.md",
+                "results/claims.json"):
         assert (done_repo.path / rel).is_file(), rel
     logs = list((done_repo.path / "results" / "e2e" / "test" / "logs").glob("*.log"))
     assert len(logs) == E2E_CASES
