@@ -63,6 +63,8 @@ def test_explain_puts_the_largest_difference_first():
     assert text.startswith("profiled step (rank 0): 100.0 -> 130.0 ms wall, collectives "
                            "10.0 -> 35.0 ms")
     assert "c10d::allreduce_ 10.0 -> 35.0" in text and "aten::bernoulli_ 20.0 -> 0.0" in text
+    faster = gaps.cause_text(gaps.explain(ours, base))  # the profile has Slapo ahead
+    assert faster.startswith("gap not reproduced when profiled: Slapo's step was the shorter")
 
 
 def test_find_gaps_profiles_only_the_points_behind(monkeypatch, tmp_path):
