@@ -69,13 +69,14 @@ def _num(value):
     return None if math.isnan(value) else value
 
 
-def _ok_rate(row) -> float | None:
+def ok_rate(row) -> float | None:
+    """A row's samples/s if it ran ok, else None."""
     return _num(row.get("samples_per_s")) if row.get("status") == "ok" else None
 
 
 def _quartiles(row) -> tuple[float, float]:
     """(q1, q3) of a row's per-step samples/s; the median twice where no spread was kept."""
-    rate = _ok_rate(row)
+    rate = ok_rate(row)
     q1, q3 = _num(row.get("samples_per_s_q1")), _num(row.get("samples_per_s_q3"))
     return (q1, q3) if q1 is not None and q3 is not None else (rate, rate)
 
@@ -97,7 +98,7 @@ def compare(a, b, threshold: float = 1.0) -> str:
 def _range(row) -> str:
     """``median [q1-q3]`` of a row, for the verdicts' reasons."""
     q1, q3 = _quartiles(row)
-    return f"{_ok_rate(row):.4g} [{q1:.4g}-{q3:.4g}]"
+    return f"{ok_rate(row):.4g} [{q1:.4g}-{q3:.4g}]"
 
 
 def hardware(rows) -> str:
@@ -133,7 +134,8 @@ def counts(points) -> dict:
     return {v: sum(p["verdict"] == v for p in points) for v in VERDICTS}
 
 
-def _records(df):
+def table_rows(df) -> list[dict]:
+    """The rows of an aggregate table as dicts ([] for none)."""
     return [] if df is None or df.empty else df.to_dict("records")
 
 
@@ -151,9 +153,9 @@ def _statuses(rows) -> dict:
 
 def check_c1(e2e) -> dict:
     points = []
-    for (model, gpus), rows in sorted(_groups(_records(e2e)).items()):
+    for (model, gpus), rows in sorted(_groups(table_rows(e2e)).items()):
         by_mode = {r["mode"]: r for r in rows}
-        rates = {r["mode"]: _ok_rate(r) for r in rows}
+        rates = {r["mode"]: ok_rate(r) for r in rows}
         ran = {m: v for m, v in rates.items() if v is not None}
         statuses = _statuses(rows)
         numbers = {SYSTEM_LABELS[m]: (round(v, 4) if v is not None else statuses[m])
@@ -186,9 +188,9 @@ def check_c1(e2e) -> dict:
 
 def check_c2(e2e, min_speedup: float = DEFAULTS["c2_min_speedup"]) -> dict:
     points = []
-    for (model, gpus), rows in sorted(_groups(_records(e2e)).items()):
+    for (model, gpus), rows in sorted(_groups(table_rows(e2e)).items()):
         by_mode = {r["mode"]: r for r in rows}
-        rates = {r["mode"]: _ok_rate(r) for r in rows}
+        rates = {r["mode"]: ok_rate(r) for r in rows}
         slapo = {m: rates[m] for m in SLAPO_SYSTEMS if rates.get(m) is not None}
         base = {m: rates[m] for m in BASELINES if rates.get(m) is not None}
         point = {"model": model, "gpus": gpus, "hardware": hardware(rows),
@@ -233,7 +235,7 @@ def check_c2(e2e, min_speedup: float = DEFAULTS["c2_min_speedup"]) -> dict:
 
 def check_c3(loc, max_ratio: float = DEFAULTS["c3_max_ratio"]) -> dict:
     points = []
-    for row in _records(loc):
+    for row in table_rows(loc):
         measured = _num(row.get("loc_artifact"))
         paper = int(row["paper_loc"])
         point = {"model": row["model"], "paper_loc": paper,
@@ -254,12 +256,12 @@ def check_c3(loc, max_ratio: float = DEFAULTS["c3_max_ratio"]) -> dict:
 
 
 def check_c4(ablation) -> dict:
-    rows = {r["mode"]: r for r in _records(ablation) if r.get("mode") in ABLATION_STEPS}
+    rows = {r["mode"]: r for r in table_rows(ablation) if r.get("mode") in ABLATION_STEPS}
     points = []
     for prev, cur in zip(ABLATION_STEPS, ABLATION_STEPS[1:]):
         a, b = rows.get(prev), rows.get(cur)
-        ra = _ok_rate(a) if a else None
-        rb = _ok_rate(b) if b else None
+        ra = ok_rate(a) if a else None
+        rb = ok_rate(b) if b else None
         point = {"step": ABLATION_LABELS[cur], "previous": ABLATION_LABELS[prev],
                  "samples_per_s": {ABLATION_LABELS[prev]: ra if ra is not None else
                                    (a["status"] if a else "not in profile"),
@@ -282,7 +284,7 @@ def check_c4(ablation) -> dict:
 
 def setting_note(frames) -> str:
     """What hardware the data are from, and how that differs from the paper's setting."""
-    rows = [r for df in frames for r in _records(df)]
+    rows = [r for df in frames for r in table_rows(df)]
     if not rows:
         return "No benchmark records: the throughput claims (C1, C2, C4) are NOT-RUN."
     counts_ = {int(_num(r.get("device_count")) or 0) for r in rows if r.get("device_name")}
@@ -306,7 +308,7 @@ def check_all(e2e, ablation, loc, options: dict | None = None, gaps: dict | None
     profiles = sorted({str(p) for df in (e2e, ablation) for p in
                        (df["profile"].dropna().unique() if df is not None and not df.empty
                         else [])})
-    rows = [r for df in (e2e, ablation) for r in _records(df)]
+    rows = [r for df in (e2e, ablation) for r in table_rows(df)]
     return {
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "profile": ", ".join(profiles) or None,
@@ -410,7 +412,8 @@ def _engines_section(gaps: dict | None) -> list[str]:
     return lines + _table(ENGINE_COLUMNS, points)
 
 
-def _read(path):
+def read_table(path):
+    """An aggregate CSV as a DataFrame; None when it is missing or empty."""
     import pandas as pd
 
     if path is None or not Path(path).is_file():
@@ -434,7 +437,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     gaps = (json.loads(Path(args.gaps).read_text())
             if args.gaps and Path(args.gaps).is_file() else None)
-    result = check_all(_read(args.e2e), _read(args.ablation), _read(args.loc),
+    result = check_all(read_table(args.e2e), read_table(args.ablation), read_table(args.loc),
                        {"c2_min_speedup": args.c2_min_speedup, "c3_max_ratio": args.c3_max_ratio},
                        gaps)
     from slapo.bench.aggregate import write_text

@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 from slapo.bench.aggregate import ABLATION_LABELS, ABLATION_STEPS, SYSTEM_LABELS, write_text
-from slapo.bench.claims import FAIL, INCONCLUSIVE, PASS, _ok_rate, _read, _records, compare
+from slapo.bench.claims import (FAIL, INCONCLUSIVE, PASS, compare, ok_rate, read_table,
+                                table_rows)
 from slapo.bench.profiling import COLLECTIVE
 from slapo.bench.record import read_record
 from slapo.bench.runspec import default_timeout
@@ -41,7 +42,7 @@ TOP_DIFFERENCES = 6
 
 
 def _ok(row) -> bool:
-    return row is not None and (_ok_rate(row) or 0) > 0
+    return row is not None and (ok_rate(row) or 0) > 0
 
 
 def _label(mode: str) -> str:
@@ -184,7 +185,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-profiles", type=int, default=MAX_PROFILES)
     parser.add_argument("--harness", default=DEFAULT_HARNESS, help="the harness CLI")
     args = parser.parse_args(argv)
-    result = find_gaps(_records(_read(args.e2e)), _records(_read(args.ablation)),
+    result = find_gaps(table_rows(read_table(args.e2e)), table_rows(read_table(args.ablation)),
                        Path(args.profiles), args.device, args.dtype, args.max_profiles,
                        args.harness)
     write_text(args.out, json.dumps(result, indent=2) + "\n")
