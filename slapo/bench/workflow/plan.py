@@ -206,8 +206,8 @@ def threads(case: Case, settings: dict, cores: int | None) -> int:
     """Cores a case's job holds (its ``threads``), out of the ``cores`` the workflow may use
     (``workflow.cores``; None: this machine's).
 
-    On CPU all of them, so that a case measures alone: two one-rank cases side by side ran
-    10-20% slower than alone here (benchmarks/bench_fidelity.py, docs/workflow.md). On CUDA the
+    On CPU all of them, so that cases run one at a time and none measures beside another's
+    start-up or steps (docs/workflow.md, "Measurements the claims stand on"). On CUDA the
     share of the cores that the case's GPUs are of the machine's, at least one.
     """
     cores = cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
