@@ -164,11 +164,11 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
     step_times = [max(rank["step_times"][i] for rank in gathered) for i in range(spec.steps)]
     thr = metrics.throughput(step_times, spec.batch_size, spec.warmup)
     env = collect_env()
+    budget = spec.thread_budget()
     env.update({"world_size": ctx.world_size, "backend": "nccl" if ctx.device.type == "cuda"
-                else "gloo", **spec.thread_budget().as_env_record(),
+                else "gloo", **budget.as_env_record(),
                 "threads_in_use": [rank["threads"] for rank in gathered]})
     notes = list(system.notes)
-    budget = spec.thread_budget()
     if budget.oversubscribed:
         notes.append(f"oversubscribed: {budget.ranks} ranks on {budget.cores} cores (one "
                      "thread each); the steps measure the cores' time-sharing too")
@@ -244,12 +244,11 @@ def run(spec: RunSpec) -> int:
         import torch
         import torch.distributed as dist
 
-        from slapo.bench import threads
-
-        threads.apply_in_rank(spec.thread_budget())  # before any torch work
-        from slapo.bench import metrics
+        from slapo.bench import metrics, threads
         from slapo.bench.record import write_record
         from slapo.bench.systems import DistContext, Unsupported, get_system
+
+        threads.apply_in_rank(spec.thread_budget())  # before any torch work
 
         try:
             if spec.device == "cuda":
@@ -288,7 +287,8 @@ def run(spec: RunSpec) -> int:
         dist.all_reduce(losses)  # gloo has no AVG: sum, then divide
         losses = (losses / world).tolist()
         mine = {"peak_mem": metrics.peak_memory_bytes(device), "params": system.params_on_rank(),
-                "step_times": times, "timeline": timeline, "threads": threads.threads_in_use(), "profile": profile}
+                "step_times": times, "timeline": timeline, "threads": threads.threads_in_use(),
+                "profile": profile}
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:
