@@ -5,9 +5,9 @@ Each rank writes ``DIR/rank<R>.txt`` (its operators by self time, CPU and, on CU
 :mod:`slapo.bench.gaps` compares) and ``DIR/rank<R>.trace.json`` (a Chrome trace, for
 ``chrome://tracing`` or Perfetto), and returns a short summary that goes into the record
 (``metrics.extra.profile``): the profiled wall time, the self time of collectives and of the
-top operators. Warm-up steps are not
-profiled. Profiling slows the steps it watches, so a profiled record's throughput is not
-comparable with an unprofiled one; the record's notes say so.
+top operators. Warm-up steps are not profiled. Profiling slows the steps it watches, so a
+profiled record's throughput is not comparable with an unprofiled one; the record's notes say
+so.
 """
 from __future__ import annotations
 

@@ -27,13 +27,18 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                    "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where the platform
-    has no affinity)."""
+def cpu_affinity() -> list[int] | None:
+    """The cores this process may run on; None where the platform cannot say (not Linux)."""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return None
+
+
+def available_cores() -> int:
+    """How many cores this process may run on (``os.cpu_count()`` without an affinity)."""
+    affinity = cpu_affinity()
+    return len(affinity) if affinity is not None else (os.cpu_count() or 1)
 
 
 def default_cores(device: str, ranks: int) -> int:
@@ -88,10 +93,6 @@ def threads_in_use() -> dict:
     """What this rank's torch and OpenMP actually use, for the record."""
     import torch
 
-    try:
-        affinity = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
     return {"torch_threads": torch.get_num_threads(),
             "torch_interop_threads": torch.get_num_interop_threads(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "cpu_affinity": affinity}
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "cpu_affinity": cpu_affinity()}

@@ -12,8 +12,9 @@ environment the workflow sets (``SLAPO_GPU_SLOTS_DIR``, ``SLAPO_GPU_SLOTS_TOTAL`
    ``unsupported`` without running; on CPU it hides CUDA (``CUDA_VISIBLE_DEVICES=""``);
 2. runs ``<harness> run --mode ... --cores C --out REC.json --log CASE.log`` with the
    offline environment, in its own process group, under a hard timeout (the case's timeout
-   plus ``--grace``, default :data:`GRACE_S`); ``--cores`` (the job's threads) is what the
-   harness shares among the case's ranks, whatever ``OMP_NUM_THREADS`` the job inherited;
+   plus ``--grace``, default :data:`GRACE_S`); ``--cores`` (the rule's ``rank_cores``: one
+   per rank on CPU) is what the harness shares among the case's ranks, whatever
+   ``OMP_NUM_THREADS`` the job inherited;
 3. if the harness left no valid record (it crashed, was killed, timed out), writes a
    ``failed`` record itself, with the reason and the log path: failures are data, and a
    failing case never stops the figures of the others.
@@ -56,7 +57,8 @@ class Interrupted(Exception):
 def harness_command(harness: str, spec: dict, out: str, log: str,
                     cores: int | None = None) -> list[str]:
     """The harness CLI call for ``spec`` (``slapo-bench run`` contract); ``cores``: the CPU
-    cores the job holds (None: the harness's default, :func:`slapo.bench.threads.default_cores`)."""
+    cores the case's ranks share (None: the harness's default,
+    :func:`slapo.bench.threads.default_cores`)."""
     cmd = shlex.split(harness)
     if cmd and cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable
@@ -246,8 +248,8 @@ def main(argv=None) -> int:
     parser.add_argument("--grace", type=float, default=GRACE_S,
                         help="seconds past the case's timeout before the harness is killed")
     parser.add_argument("--cores", type=int, default=None,
-                        help="CPU cores the job holds, shared by the case's ranks (the rule "
-                             "passes its threads; default: the harness's)")
+                        help="CPU cores the case's ranks share (the rule passes its "
+                             "rank_cores resource; default: the harness's)")
     args = parser.parse_args(argv)
     spec = json.loads(args.spec)
     if args.timeout is not None:
