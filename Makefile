@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 VENV_PATH = PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 SNAKEMAKE = $(VENV)/bin/snakemake --workflow-profile workflow/profiles/default
 # GPUs Snakemake may hand out at once (0 without GPUs); evaluated when a recipe runs.
-GPUS = $(shell $(PY) workflow/scripts/run_module.py slapo.bench.workflow.plan --gpus)
+GPUS = $(shell $(PY) -m slapo_ae.gpus)
 
 test: $(STAMP)
 	$(VENV_PATH) $(PY) -m pytest

@@ -38,8 +38,8 @@ from harness_runs import ROOT, case_label, fmt, load, rate, run_by_hand, summary
 sys.path.insert(0, str(ROOT / "tests" / "workflow"))
 from wf_util import copy_workflow  # noqa: E402  (the workflow tests' sandbox)
 
-from slapo.bench.cases import parse_cfg_text  # noqa: E402
-from slapo.bench.threads import available_cores  # noqa: E402
+from slapo_ae.cfg import parse_cfg_text  # noqa: E402
+from slapo_ae.harness.threads import available_cores  # noqa: E402
 
 
 def sample(models) -> dict[str, list[str]]:
@@ -68,7 +68,7 @@ def make_copy(dest: Path, lines: dict, cpu: dict) -> Path:
 
 def run_in_workflow(repo: Path, experiment: str, case_id: str, cores: int) -> dict:
     """The case as a job of the copy's workflow; returns its record."""
-    from slapo.bench.record import read_record
+    from slapo_ae.record import read_record
 
     target = f"results/{experiment}/fidelity/{case_id}.json"
     cmd = [sys.executable, "-m", "snakemake", "--workflow-profile", "workflow/profiles/default",

@@ -38,12 +38,12 @@ SYSTEMS = {  # name -> (mode, model, extra args)
 
 def run_one(mode, model, extra, args, workdir: Path) -> dict:
     sys.path.insert(0, str(ROOT))
-    from slapo.bench.record import read_record
+    from slapo_ae.record import read_record
 
     out = workdir / f"{mode}-{model}.json"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
-    cmd = [sys.executable, "-m", "slapo.bench.cli", "run", "--device", "cpu", "--mode", mode,
+    cmd = [sys.executable, "-m", "slapo_ae.harness.cli", "run", "--device", "cpu", "--mode", mode,
            "--model", model, "--gpus", str(args.ranks), "--seq-len", str(args.seq_len),
            "--batch-size", str(args.batch_size), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--out", str(out), "--quiet", *extra]

@@ -37,8 +37,8 @@ def shape(case) -> tuple:
 
 
 def pairs(kinds, models) -> list[tuple]:
-    from slapo.bench.cases import parse_cfg
-    from slapo.bench.systems.megatron import SUPPORTED
+    from slapo_ae.cfg import parse_cfg
+    from slapo_ae.harness.systems.megatron import SUPPORTED
     from slapo.bench.workflow.plan import model_family
 
     found = []

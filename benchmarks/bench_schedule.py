@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import slapo
 from slapo.model_schedule import schedule_model
-from slapo.models import build_model, num_parameters
+from slapo_ae.zoo import build_model, num_parameters
 
 
 def main():
@@ -29,7 +29,7 @@ def main():
         dist.barrier()
         start = time.perf_counter()
         sch = slapo.create_schedule(model)
-        schedule_model(sch, args.model, tensor_parallel=True, kernel_opt=False)
+        schedule_model(sch, tensor_parallel=True, kernel_opt=False)
         model = slapo.build(sch)
         times.append(time.perf_counter() - start)
     if dist.get_rank() == 0:

@@ -33,7 +33,7 @@ import torch
 
 import slapo
 from slapo.model_schedule import schedule_model
-from slapo.models import build_model, num_parameters, synthetic_batch
+from slapo_ae.zoo import build_model, num_parameters, synthetic_batch
 
 TINY = {"bert": "bert-tiny", "roberta": "roberta-tiny", "gpt_neo": "gpt-neo-tiny",
         "opt": "opt-tiny", "t5": "t5-tiny", "llama": "llama-tiny",
@@ -79,7 +79,7 @@ def _row(family: str, size: str, steps: int, warmup: int, clock) -> dict:
     if family in HF_SDPA:
         models["hf-sdpa"] = build_model(name, attn_implementation="sdpa", **overrides)
     sch = slapo.create_schedule(copy.deepcopy(plain))
-    schedule_model(sch, family, tensor_parallel=False, shard_embedding=False, kernel_opt=True)
+    schedule_model(sch, tensor_parallel=False, shard_embedding=False, kernel_opt=True)
     models["slapo"] = slapo.build(sch)
     optims = {key: torch.optim.SGD(m.parameters(), lr=1e-3) for key, m in models.items()}
     # Round robin: one step of each variant in turn, so that a busy machine slows all alike.

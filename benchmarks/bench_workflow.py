@@ -8,7 +8,7 @@
 
 Each runs in a temporary copy of the repository (no Snakemake state, no results, its own
 ``.cache``), so ``results/`` here is left alone. Nothing is compiled on the way: the harness
-marks DeepSpeed's CPU communication op incompatible (slapo/bench/systems/deepspeed_zero3.py).
+marks DeepSpeed's CPU communication op incompatible (slapo_ae/harness/systems/deepspeed_zero3.py).
 
     python benchmarks/bench_workflow.py [--skip-cpu] [--skip-dag] [--cores 2] [--json out.json]
 """

@@ -5,7 +5,7 @@ repeated runs. Nothing here is asserted; the benchmarks print.
 A case is the tuple of a cfg line: ``(mode, model, gpus, seq_len, dec_seq_len, batch_size)``
 (checkpointing off). Runs are on CPU ranks; the caller's ``OMP_NUM_THREADS`` and friends are
 dropped, as a user's shell would not have them: the harness sizes every rank's threads from
-``--cores`` (slapo/bench/threads.py).
+``--cores`` (slapo_ae/harness/threads.py).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slapo.bench.launch import OFFLINE_ENV  # noqa: E402
-from slapo.bench.threads import THREAD_ENV_VARS  # noqa: E402
+from slapo_ae.harness.launch import OFFLINE_ENV  # noqa: E402
+from slapo_ae.harness.threads import THREAD_ENV_VARS  # noqa: E402
 
 
 def case_args(case) -> list[str]:
@@ -44,9 +44,9 @@ def user_env() -> dict:
 def run_by_hand(case, out: Path, steps: int, warmup: int, cores: int | None = None,
                 extra=()) -> dict:
     """``slapo-bench run`` of ``case``; returns the record (a dict)."""
-    from slapo.bench.record import read_record
+    from slapo_ae.record import read_record
 
-    cmd = [sys.executable, "-m", "slapo.bench.cli", "run", "--device", "cpu", *case_args(case),
+    cmd = [sys.executable, "-m", "slapo_ae.harness.cli", "run", "--device", "cpu", *case_args(case),
            "--steps", str(steps), "--warmup", str(warmup), "--out", str(out), "--quiet",
            *(["--cores", str(cores)] if cores else []), *extra]
     proc = subprocess.run(cmd, cwd=ROOT, env=user_env(), capture_output=True, text=True)

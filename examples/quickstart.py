@@ -16,7 +16,7 @@ from torch import nn
 
 import slapo
 from slapo.model_schedule import schedule_model
-from slapo.models import build_model, no_dropout, synthetic_batch
+from slapo_ae.zoo import build_model, no_dropout, synthetic_batch
 from slapo.verify import train_side_by_side
 
 
@@ -48,7 +48,7 @@ def bert_demo(device, name="bert-tiny", steps=3):
     """A model schedule from the library, checked numerically against the plain model."""
     plain = build_model(name, device=device, seed=0, **no_dropout(name))
     sch = slapo.create_schedule(copy.deepcopy(plain))
-    schedule_model(sch, name, tensor_parallel=True, ckpt_ratio=0.5)
+    schedule_model(sch, tensor_parallel=True, ckpt_ratio=0.5)
     scheduled = slapo.build(sch)
     batches = [synthetic_batch(name, batch_size=4, seq_len=64, device=device, seed=step)
                for step in range(steps)]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one-GPU check (README, "One GPU"): Slapo against HF SDPA, HF + torch.compile,
 # megatron-core and DeepSpeed ZeRO-3 on one GPU, judged against the targets in
-# slapo/bench/gpu_check.py. Run from anywhere in the repository on a machine with one CUDA GPU:
+# slapo_ae/analysis/gpu_check.py. Run from anywhere in the repository on a machine with one CUDA GPU:
 #
 #   bash scripts/gpu_check.sh [OUT_FOLDER] [gpu_check run options, e.g. --budget 600]
 #
@@ -27,7 +27,7 @@ python3 -c "import torch, transformers, deepspeed, megatron.core as m; print('to
 torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__, \
 'megatron-core', m.__version__, torch.cuda.get_device_name(0))"
 status=0
-python3 -m slapo.bench.gpu_check run configs/gpu_check/one_gpu.cfg --out "$out" "$@" || status=$?
+python3 -m slapo_ae.analysis.gpu_check run configs/gpu_check/one_gpu.cfg --out "$out" "$@" || status=$?
 if [[ -n "${OUT:-}" ]]; then
   tar czf "$OUT/records.tgz" -C "$(dirname "$out")" "$(basename "$out")"
   cp "$out/summary.md" "$OUT/"

@@ -7,6 +7,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from . import state
+
 
 def map_first_tensor(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """Apply ``fn`` to ``value`` if it is a tensor, else to the first tensor of a tuple/list
@@ -45,10 +47,10 @@ def post_chain(module: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]
     One forward hook runs the whole chain, then adds a bias that sharding deferred (the bias of
     a row-parallel layer must be added once, after the partial outputs are reduced).
     """
-    chain = module.__dict__.get("_slapo_post_chain")
+    chain = state.post_chain_of(module)
     if chain is None:
         chain = []
-        module.__dict__["_slapo_post_chain"] = chain
+        state.set_post_chain(module, chain)
         module.register_forward_hook(_run_post_chain)
     return chain
 
@@ -56,13 +58,13 @@ def post_chain(module: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]
 def defer_bias(module: nn.Module) -> None:
     """Add ``module.bias`` after the post chain instead of inside the forward."""
     post_chain(module)
-    module.__dict__["_slapo_deferred_bias"] = True
+    state.mark_deferred_bias(module)
 
 
 def _run_post_chain(module: nn.Module, args, output):
-    for fn in module.__dict__["_slapo_post_chain"]:
+    for fn in state.post_chain_of(module):
         output = map_first_tensor(output, fn)
-    if module.__dict__.get("_slapo_deferred_bias") and module.bias is not None:
+    if state.has_deferred_bias(module) and module.bias is not None:
         bias = module.bias
         output = map_first_tensor(output, lambda t: t + _channel_view(bias, module, t))
     return output

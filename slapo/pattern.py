@@ -21,7 +21,7 @@ import torch.fx as fx
 from torch import nn
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
-from .tracer import KIND
+from .tracing import KIND
 
 __all__ = ["Subgraph", "as_subgraph", "extract_graph_module", "find_in", "graph_module_of",
            "node_inputs", "splice"]

@@ -22,20 +22,17 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 
-from .tracer import KIND, has_foreign_hooks
-
-CUTS = "_slapo_pipeline_cuts"  # attribute of the root Schedule: the cut paths, in order
+from . import state
+from .tracing import KIND, has_foreign_hooks
 
 
 def record_cut(sch) -> None:
     """Remember a cut after ``sch``'s module (checked by the primitive)."""
-    cuts = sch.root.__dict__.setdefault(CUTS, [])
-    if sch.path not in cuts:
-        cuts.append(sch.path)
+    state.add_pipeline_cut(sch.root, sch.path)
 
 
 def pipeline_cuts(sch) -> list[str]:
-    return list(sch.root.__dict__.get(CUTS, []))
+    return state.pipeline_cuts(sch.root)
 
 
 # --- splitting -------------------------------------------------------------------------
@@ -76,7 +73,7 @@ def _reach(graph: fx.Graph, gm: fx.GraphModule, path: str) -> fx.Node:
         call = outer[0]
         mod = gm.get_submodule(call.target)
         if not isinstance(mod, fx.GraphModule) or has_foreign_hooks(mod) or \
-                getattr(mod, "_slapo_leaf", False):
+                state.is_leaf(mod):
             raise ValueError(f"cannot cut inside '{call.target}' ({type(mod).__name__}): it is "
                              "not a plain traced graph (untraced, a leaf, or changed by a "
                              "primitive such as checkpoint); cut at its level instead")

@@ -1,13 +1,13 @@
 """Schedules of the paper's models, one module per family, behind one entry point.
 
-    model = build_model("bert-large-uncased")
-    sch = slapo.create_schedule(model)
-    schedule_model(sch, "bert-large-uncased", kernel_opt=True, ckpt_ratio=0.5)
+    sch = slapo.create_schedule(model)         # e.g. a transformers BertForMaskedLM
+    schedule_model(sch, kernel_opt=True, ckpt_ratio=0.5)
     model = slapo.build(sch)
 
-Families: bert, roberta, gpt_neo, opt, t5, llama, wideresnet (``<family>.py``, each a
-``schedule(sch, opts)``; shared building blocks live in ``common.py`` and kernels in
-``slapo.op``).
+The schedule is chosen from the model itself: its config's ``model_type`` (``bert``,
+``roberta``, ``gpt_neo``, ``opt``, ``t5``, ``llama``, ``wideresnet``) names the module of its
+family here (``<model_type>.py``, each a ``schedule(sch, opts)``); shared building blocks live
+in ``common.py`` and kernels in ``slapo.op``.
 
 Options (each family honours all of them):
   tensor_parallel  shard attention heads and the FFN over ``sch``'s group (Megatron style:
@@ -32,13 +32,9 @@ Options (each family honours all of them):
                    counts encoder then decoder blocks, WideResNet its bottleneck blocks).
 The scheduled model is called exactly like the plain one and returns its loss the same way.
 
-Lines of schedule code (Table 4, ``loc.py``): the artifact counted the lines of each schedule
-file leaving out lines that contain ``for``. ``loc.count_loc(family)`` applies that rule to the
-bodies of the module-level functions of ``<family>.py``: non-blank, non-comment, non-docstring
-lines other than ``def`` headers, without the word ``for`` (loop headers and comprehensions).
-It also reports logical statements (``ast`` statement nodes), which do not depend on
-formatting. Library code (``common.py``, ``slapo.op``, the primitives) is not counted, as in
-the paper.
+Lines of schedule code (Table 4): the artifact counts the family modules' function bodies
+(``slapo_ae.analysis.loc``); library code (``common.py``, ``slapo.op``, the primitives) is not
+counted, as in the paper.
 """
 
 from __future__ import annotations
@@ -66,23 +62,25 @@ def checkpoint_layers(sch, layer_paths: list[str], ratio: float) -> int:
     return count
 
 
-def _family_schedules():
-    from . import bert, gpt_neo, llama, opt, roberta, t5, wideresnet
-    return {"bert": bert.schedule, "roberta": roberta.schedule, "gpt_neo": gpt_neo.schedule,
-            "opt": opt.schedule, "t5": t5.schedule, "llama": llama.schedule,
-            "wideresnet": wideresnet.schedule}
+FAMILIES = ("bert", "roberta", "gpt_neo", "opt", "t5", "llama", "wideresnet")
 
 
-def schedule_model(sch, name: str, **options) -> ScheduleOptions:
-    """Apply the schedule of model ``name`` (a zoo name or a family) to the root schedule
-    ``sch``; returns the options used."""
-    from ..models import FAMILIES, model_family
+def model_type(model) -> str | None:
+    """The model's type: ``config.model_type`` of a transformers model (or of any module with
+    such a config, WideResNet's included), else None."""
+    return getattr(getattr(model, "config", None), "model_type", None)
 
-    family = name if name in FAMILIES else model_family(name)
+
+def schedule_model(sch, family: str | None = None, **options) -> ScheduleOptions:
+    """Apply the schedule of the model under the root schedule ``sch``, chosen from the model
+    (:func:`model_type`) unless ``family`` names one; returns the options used."""
+    import importlib
+
+    family = family or model_type(sch.mod)
     opts = ScheduleOptions(**options)
-    schedules = _family_schedules()
-    if family not in schedules:
-        raise NotImplementedError(f"no schedule for the {family} family yet "
-                                  f"(scheduled families: {', '.join(sorted(schedules))})")
-    schedules[family](sch, opts)
+    if family not in FAMILIES:
+        raise NotImplementedError(
+            f"no schedule for {type(sch.mod).__name__} (model type {family!r}); scheduled "
+            f"model types: {', '.join(FAMILIES)}")
+    importlib.import_module(f".{family}", __name__).schedule(sch, opts)
     return opts

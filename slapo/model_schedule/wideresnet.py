@@ -1,4 +1,4 @@
-"""Schedule for WideResNet (slapo.models.wideresnet): bottleneck blocks ``layerK.N``.
+"""Schedule for WideResNet (slapo_ae.zoo.wideresnet): bottleneck blocks ``layerK.N``.
 
 Tensor parallelism splits the two convolutions that hold most of a block's work (for width
 per group 128 the 3x3 ``conv2`` is 36/52 and ``conv1`` 8/52 of its FLOPs): ``conv1`` by output

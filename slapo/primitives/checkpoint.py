@@ -8,6 +8,7 @@ import functools
 import torch
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from .. import state
 from ..random import rng_streams
 from . import register_primitive
 
@@ -39,7 +40,7 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
         checkpoint_subgraph(sch, subgraph, name, checkpoint)
         return
     mod = sch.mod
-    if getattr(mod, "_slapo_checkpointed", False):
+    if state.is_checkpointed(mod):
         return
     inner = mod.forward
 
@@ -54,7 +55,7 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
         return torch_checkpoint(inner, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
     mod.forward = forward
-    mod._slapo_checkpointed = True
+    state.mark_checkpointed(mod)
 
 
 @contextlib.contextmanager

@@ -8,10 +8,13 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from ..tracer import KIND, has_foreign_hooks
+from .. import state
+from ..tracing import KIND, has_foreign_hooks
 from . import register_primitive
 
 
+@state.leaf_class
+@state.attr_aliases(bias="decomposed_bias")
 class DecomposedLinear(nn.Linear):
     """The matmul of a Linear; the enclosing graph adds the bias after the call.
 
@@ -22,9 +25,6 @@ class DecomposedLinear(nn.Linear):
     and a column-parallel shard of ``weight`` still shards the bias parameter with it. The
     graph reads the parameter as ``decomposed_bias``.
     """
-
-    _slapo_leaf = True
-    _slapo_attr_alias = {"bias": "decomposed_bias"}
 
     def __init__(self, linear: nn.Linear):
         nn.Module.__init__(self)

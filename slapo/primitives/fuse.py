@@ -7,17 +7,17 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .. import state
 from ..pattern import (as_subgraph, extract_graph_module, fresh_name, graph_module_of,
                        node_inputs, splice)
 from . import register_primitive
 
 
+@state.leaf_class
 class FusedModule(nn.Module):
     """A subgraph as one module: ``graph_module`` computes it, compiled with
     ``torch.compile(backend=compiler)`` unless ``compiler`` is None. Stays a leaf when the
     enclosing module is traced again."""
-
-    _slapo_leaf = True
 
     def __init__(self, graph_module: torch.fx.GraphModule, compiler: str | Callable | None):
         super().__init__()

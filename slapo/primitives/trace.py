@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..tracer import has_foreign_hooks, is_traced, trace_module
+from ..tracing import has_foreign_hooks, is_traced, trace_module
 from . import register_primitive
 
 
@@ -37,7 +37,7 @@ def trace(sch, leaves: Iterable = (), flatten: bool = False, concrete_args: dict
     train/eval mode HF attention reads (a warning says when the mode changes later), and
     attribute values such as a head count, so shard a module before tracing it if sharding
     changes such values. Stateless submodules (HF activations) are traced into their caller.
-    Tracing an already traced module is a no-op. Raises ``slapo.tracer.TraceError`` naming the
+    Tracing an already traced module is a no-op. Raises ``slapo.tracing.TraceError`` naming the
     module (path and class) that could not be traced, and why.
 
     Example::

@@ -20,9 +20,9 @@ def env(**extra) -> dict:
 
 
 def slapo_bench(*args, timeout: float = 1200, **env_extra) -> subprocess.CompletedProcess:
-    """``python -m slapo.bench.cli ARGS`` in the repository root. Past ``timeout`` the harness
+    """``python -m slapo_ae.harness.cli ARGS`` in the repository root. Past ``timeout`` the harness
     gets SIGTERM (it then stops its ranks) before the test fails."""
-    cmd = [sys.executable, "-m", "slapo.bench.cli", *map(str, args)]
+    cmd = [sys.executable, "-m", "slapo_ae.harness.cli", *map(str, args)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env(**env_extra), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -39,7 +39,7 @@ def slapo_bench(*args, timeout: float = 1200, **env_extra) -> subprocess.Complet
 
 def run_case(out: Path, *args, **env_extra):
     """``slapo-bench run ... --out OUT`` on CPU; returns (completed process, record)."""
-    from slapo.bench.record import read_record
+    from slapo_ae.record import read_record
 
     proc = slapo_bench("run", "--device", "cpu", "--out", out, *args, **env_extra)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from harness_util import TINY, slapo_bench
-from slapo.bench import cli
-from slapo.bench.record import read_record
-from slapo.bench.runspec import RunSpec, default_timeout
+from slapo_ae.harness import cli
+from slapo_ae.record import read_record
+from slapo_ae.harness.runspec import RunSpec, default_timeout
 
 
 def test_cases_expands_a_shipped_cfg(capsys):
@@ -108,8 +108,8 @@ def test_family_without_schedule_is_unsupported(monkeypatch):
     import torch
 
     import slapo.model_schedule as model_schedule
-    from slapo.bench.systems import DistContext, Unsupported
-    from slapo.bench.systems.slapo_tp import scheduled_model
+    from slapo_ae.harness.systems import DistContext, Unsupported
+    from slapo_ae.harness.systems.slapo_tp import scheduled_model
 
     monkeypatch.setattr(model_schedule, "_family_schedules", lambda: {})
     spec = _spec(mode="slapo-megatron")
@@ -139,7 +139,7 @@ def _rank_file(rundir, rank, status, reason, t, traceback=""):
 
 
 def test_conclude_prefers_oom_and_keeps_the_traceback(tmp_path):
-    from slapo.bench.launch import conclude
+    from slapo_ae.harness.launch import conclude
 
     log = tmp_path / "r.log"
     log.write_text("[slapo-bench rank 0] step 1/3: 0.1 s (warm-up)\nlast line of the log\n")
@@ -156,7 +156,7 @@ def test_conclude_prefers_oom_and_keeps_the_traceback(tmp_path):
 
 
 def test_conclude_failed_timeout_and_silent_death(tmp_path):
-    from slapo.bench.launch import conclude
+    from slapo_ae.harness.launch import conclude
 
     log = tmp_path / "r.log"
     log.write_text("[slapo-bench rank 0] step 2/3: 0.1 s\n")
@@ -176,7 +176,7 @@ def test_conclude_failed_timeout_and_silent_death(tmp_path):
 
 
 def test_fault_injection_parsing(monkeypatch):
-    from slapo.bench import worker
+    from slapo_ae.harness import worker
 
     monkeypatch.setenv(worker.FAULT_ENV, "hang@1")
     assert worker.injected_fault(1, "step") == "hang"

@@ -3,7 +3,7 @@ one record (``failed``/``oom``), and ``run`` still exits 0.
 
 The crash is a real one (a sequence longer than bert-tiny's 512 positions) in the first
 step; the OOM and the hang are injected on rank 1 just before set-up with
-``SLAPO_BENCH_FAULT=<kind>@1:setup`` (slapo/bench/worker.py), which keeps those launches
+``SLAPO_BENCH_FAULT=<kind>@1:setup`` (slapo_ae/harness/worker.py), which keeps those launches
 short: rank 0 goes on and blocks in DDP's first broadcast, waiting for rank 1.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one-GPU check (slapo/bench/gpu_check.py): its verdicts on constructed records, and one
+"""The one-GPU check (slapo_ae/analysis/gpu_check.py): its verdicts on constructed records, and one
 real run of a small cfg on CPU ranks (records, summary, resume, time budget)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from harness_util import REPO, env
-from slapo.bench.gpu_check import judge, judge_model
-from slapo.bench.record import Metrics, Record, write_record
+from slapo_ae.analysis.gpu_check import judge, judge_model
+from slapo_ae.record import Metrics, Record, write_record
 
 H200 = {"device_name": "NVIDIA H200", "torch": "2.11.0"}
 
@@ -83,7 +83,7 @@ hf-sdpa         gpt-neo-tiny 1 16 0 4 0
 
 
 def gpu_check(*args):
-    return subprocess.run([sys.executable, "-m", "slapo.bench.gpu_check", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "slapo_ae.analysis.gpu_check", *map(str, args)],
                           cwd=REPO, env=env(), capture_output=True, text=True, timeout=1200)
 
 
@@ -127,7 +127,7 @@ def test_script_and_wheels_are_valid_bash():
 
 
 def test_shipped_cfg_has_every_system_for_each_model_slapo_first():
-    from slapo.bench.cases import parse_cfg
+    from slapo_ae.cfg import parse_cfg
 
     cases = parse_cfg(REPO / "configs" / "gpu_check" / "one_gpu.cfg")
     models = ["bert-large-uncased", "EleutherAI/gpt-neo-1.3B", "facebook/opt-1.3b", "llama-1.1b"]

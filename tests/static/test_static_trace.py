@@ -15,7 +15,7 @@ import torch.fx as fx
 from torch import nn
 
 import slapo
-from slapo.tracer import TraceError
+from slapo.tracing import TraceError
 from slapo.verify import train_side_by_side
 from static_models import (EXAMPLE, RUN, STEPS, assert_trains_alike, bert_config, blocks,
                            gpt_neo_config, hidden, llama_config, square_loss)

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow"))  # the planner
 
 from wf_util import Repo, make_config, make_repo
 

@@ -22,12 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workflow" / "scripts"))
-from run_module import light_slapo  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the copy's slapo_ae
 
-light_slapo()
-
-from slapo.bench.record import Record, write_record  # noqa: E402
+from slapo_ae import case as case_options  # noqa: E402
+from slapo_ae.record import Record, write_record  # noqa: E402
 
 RATES = {"megatron": 10.0, "deepspeed": 12.0, "slapo-megatron": 15.0, "slapo-deepspeed": 14.0,
          "eager": 5.0, "slapo-kernel": 7.0, "slapo-tp-attn-ffn": 9.0, "slapo-tp-full": 11.0}
@@ -36,15 +34,16 @@ RATES = {"megatron": 10.0, "deepspeed": 12.0, "slapo-megatron": 15.0, "slapo-dee
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["run"])
-    for flag in ("--mode", "--model", "--ckpt", "--dtype", "--out", "--log", "--case-id",
-                 "--device"):
-        parser.add_argument(flag, required=flag in ("--mode", "--model", "--out"))
-    for flag in ("--gpus", "--seq-len", "--dec-seq-len", "--batch-size", "--steps", "--warmup",
-                 "--timeout", "--cores"):
-        parser.add_argument(flag, type=int, default=0)
+    case_options.add_arguments(parser)  # the real harness's case options
+    for flag in ("--out", "--log", "--case-id"):
+        parser.add_argument(flag, required=flag == "--out")
+    for flag in ("--timeout", "--cores"):
+        parser.add_argument(flag, type=float, default=0)
     parser.add_argument("--profile")  # accepted, ignored: the fake writes no profile
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    case = case_options.from_args(args, args.device)
+    args.case_id = args.case_id or case.id
     plan = {}
     if os.environ.get("FAKE_HARNESS_PLAN"):
         plan = json.loads(Path(os.environ["FAKE_HARNESS_PLAN"]).read_text())
@@ -66,19 +65,16 @@ def main(argv=None) -> int:
         return 3
     status = todo.get("status", "ok")
     rate = todo.get("samples_per_s", RATES.get(args.mode, 1.0) * args.gpus)
-    case = {"id": args.case_id, "mode": args.mode, "model": args.model, "gpus": args.gpus,
-            "seq_len": args.seq_len, "dec_seq_len": args.dec_seq_len,
-            "batch_size": args.batch_size, "batch_expr": str(args.batch_size),
-            "ckpt": args.ckpt}
+    record_case = case.to_record(args.case_id)
     metrics = {"samples_per_s": rate if status == "ok" else None,
                "spread": {"min": rate * 0.9, "max": rate * 1.1, "q1": rate, "q3": rate,
                           "iqr": 0.0, "stdev": 0.0, "steps": args.steps - args.warmup},
-               "step_times": [args.batch_size / rate] * args.steps if status == "ok" else [],
+               "step_times": [case.batch_size / rate] * args.steps if status == "ok" else [],
                "warmup_steps": args.warmup}
     env = {"device_name": "FakeGPU" if visible else "cpu (fake)",
            "device_count": args.gpus if visible else 0, "hostname": "testhost",
            "torch": "fake", "cuda_visible_devices": visible}
-    write_record(Record(status=status, case=case, reason=todo.get("reason", ""),
+    write_record(Record(status=status, case=record_case, reason=todo.get("reason", ""),
                         metrics=metrics, env=env, log_path=args.log), args.out)
     return 0
 

@@ -6,8 +6,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from slapo.bench import aggregate, claims, plots, table4
-from slapo.bench.record import Record, write_record
+from slapo_ae.analysis import aggregate
+from slapo_ae.analysis import claims
+from slapo_ae.analysis import plots
+from slapo_ae.analysis import table4
+from slapo_ae.record import Record, write_record
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = {"device_name": "cpu (x86_64)", "device_count": 0, "hostname": "h"}

@@ -5,8 +5,8 @@ import json
 import pandas as pd
 import pytest
 
-from slapo.bench import plots
-from slapo.bench.record import read_record
+from slapo_ae.analysis import plots
+from slapo_ae.record import read_record
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Slapo beside its own engine (slapo.bench.gaps): which points are behind, what a profile
+"""Slapo beside its own engine (slapo_ae.analysis.gaps): which points are behind, what a profile
 comparison says, and how claims.md reports it. Hand-written rows and operator tables (test
 fixtures, never published results); the real profiler is exercised in
 tests/harness/test_harness_profile.py."""
@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from slapo.bench import claims, gaps
-from slapo.bench.cases import parse_ckpt
+from slapo_ae.analysis import claims
+from slapo_ae.analysis import gaps
+from slapo_ae.cfg import parse_ckpt
 
 
 def row(mode, rate, q1, q3, model="bert-tiny", gpus=2, status="ok"):

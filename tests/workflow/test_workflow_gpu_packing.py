@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from wf_util import make_config
-from slapo.bench.record import read_record
+from slapo_ae.record import read_record
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from slapo.bench.workflow.gpu_slots import GpuSlots, SlotError, main, parse_visible
+from slapo_ae.harness.gpu_slots import GpuSlots, SlotError, main, parse_visible
 
 
 def test_acquire_is_disjoint_and_released(tmp_path):
@@ -45,7 +45,7 @@ def test_impossible_request_and_timeout(tmp_path):
 
 def test_killed_holder_leaves_no_stale_lock(tmp_path):
     code = (f"import sys, time; sys.path[:0] = {sys.path!r}\n"
-            "from slapo.bench.workflow.gpu_slots import GpuSlots\n"
+            "from slapo_ae.harness.gpu_slots import GpuSlots\n"
             f"a = GpuSlots({str(tmp_path)!r}, 2).acquire(2)\n"
             "print('held', flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -62,7 +62,7 @@ def test_concurrent_processes_never_share_a_gpu(tmp_path):
     """Many processes asking for 1-4 of 4 slots at once: at no time do two hold one GPU."""
     trace = tmp_path / "trace.jsonl"
     code = (f"import json, os, sys, time; sys.path[:0] = {sys.path!r}\n"
-            "from slapo.bench.workflow.gpu_slots import GpuSlots\n"
+            "from slapo_ae.harness.gpu_slots import GpuSlots\n"
             "n = int(sys.argv[1])\n"
             f"with GpuSlots({str(tmp_path / 'locks')!r}, 4).acquire(n, poll=0.02) as a:\n"
             "    t0 = time.time(); time.sleep(0.15); t1 = time.time()\n"

@@ -2,7 +2,7 @@
 import json
 from pathlib import Path
 
-from slapo.bench.workflow import kick
+from slapo_ae.analysis import kick
 
 HERE = Path(__file__).resolve().parent
 FAKE = f"python {HERE / 'fake_harness.py'}"

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slapo.bench.cases import parse_cfg
-from slapo.bench.workflow import plan
+from slapo_ae.cfg import parse_cfg
+import plan
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((REPO / "configs" / "config.yaml").read_text())
@@ -111,8 +111,8 @@ def test_export_slots(monkeypatch):
 def test_case_inputs_follow_mode_and_family():
     cases = {c.id: c for c in parse_cfg(REPO / "configs/e2e/cpu_tiny.cfg", max_gpus=2)}
     harness = plan.harness_files(REPO)
-    assert "slapo/bench/record.py" in harness
-    assert "slapo/bench/workflow/run_case.py" in harness
+    assert "slapo_ae/record.py" in harness
+    assert "slapo_ae/harness/runner.py" in harness
     for module in ("aggregate.py", "plots.py", "claims.py", "table4.py"):
         assert f"slapo/bench/{module}" not in harness
     assert not any(f.startswith("slapo/model_schedule/") for f in harness)

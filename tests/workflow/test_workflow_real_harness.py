@@ -2,7 +2,7 @@
 the harness agree on the contract, and the record is a real measurement."""
 import pytest
 
-from slapo.bench.record import read_record
+from slapo_ae.record import read_record
 from wf_util import make_config
 
 pytestmark = pytest.mark.slow
@@ -14,7 +14,7 @@ def test_one_real_case(repo):
     (repo.path / "configs" / "e2e" / "real.cfg").write_text("slapo-megatron bert-tiny 2 32 0 4 0\n")
     config = make_config(repo.path, experiments={"e2e": ["configs/e2e/real.cfg"],
                                                  "ablation": []}, timeout=300)
-    config["harness"] = "python -m slapo.bench.cli"
+    config["harness"] = "python -m slapo_ae.harness.cli"
     repo.write_config(config)
     repo.snakemake(f"results/e2e/test/{CASE}.json")
     record = read_record(repo.record("e2e", CASE))
@@ -23,7 +23,7 @@ def test_one_real_case(repo):
     assert record.case["id"] == CASE and record.case["gpus"] == 2
     assert record.env["device_count"] == 0  # CPU ranks
     log = (repo.path / "results" / "e2e" / "test" / "logs" / f"{CASE}.log").read_text()
-    assert "# --- slapo.bench.workflow.run_case ---" in log
+    assert "# --- slapo_ae.harness.runner ---" in log
     assert repo.dry_run(f"results/e2e/test/{CASE}.json") == {}
 
 
@@ -34,7 +34,7 @@ def test_ranks_get_one_core_each_whatever_the_environment_says(repo):
     (repo.path / "configs" / "e2e" / "real.cfg").write_text("slapo-megatron bert-tiny 2 32 0 4 0\n")
     config = make_config(repo.path, experiments={"e2e": ["configs/e2e/real.cfg"],
                                                  "ablation": []}, timeout=300)
-    config["harness"] = "python -m slapo.bench.cli"
+    config["harness"] = "python -m slapo_ae.harness.cli"
     repo.write_config(config)
     repo.snakemake(f"results/e2e/test/{CASE}.json", "--cores", "4",
                    env_extra={"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4"})

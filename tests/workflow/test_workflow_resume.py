@@ -10,7 +10,7 @@ import time
 import pytest
 
 from wf_util import ABLATION_CASES, E2E_CASES
-from slapo.bench.record import read_record
+from slapo_ae.record import read_record
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slapo.bench.record import read_record
-from slapo.bench.workflow import run_case
+from slapo_ae.record import read_record
+from slapo_ae.harness import runner
 
 FAKE = Path(__file__).with_name("fake_harness.py")
 HARNESS = f"python {FAKE}"
@@ -38,9 +38,9 @@ def fake_plan(tmp_path, monkeypatch):
 
 
 def test_harness_command_follows_the_cli_contract():
-    cmd = run_case.harness_command("python -m slapo.bench.cli", spec(), "o.json", "o.log",
+    cmd = run_case.harness_command("python -m slapo_ae.harness.cli", spec(), "o.json", "o.log",
                                    cores=3)
-    assert cmd[0] == sys.executable and cmd[1:4] == ["-m", "slapo.bench.cli", "run"]
+    assert cmd[0] == sys.executable and cmd[1:4] == ["-m", "slapo_ae.harness.cli", "run"]
     args = dict(zip(cmd[4::2], cmd[5::2]))
     assert args == {"--mode": "slapo-megatron", "--model": "bert-tiny", "--gpus": "2",
                     "--seq-len": "64", "--dec-seq-len": "0", "--batch-size": "4", "--ckpt": "0",
@@ -110,7 +110,7 @@ def test_interrupted_runner_writes_no_record(tmp_path, fake_plan):
     fake_plan({"*": {"sleep": 60}})
     out, log = tmp_path / "r.json", tmp_path / "r.log"
     cmd = [sys.executable, str(Path(run_case.__file__).parents[3] / "workflow" / "scripts" /
-                               "run_module.py"), "slapo.bench.workflow.run_case",
+                               "run_module.py"), "slapo_ae.harness.runner",
            "--spec", json.dumps(spec()), "--out", str(out), "--log", str(log),
            "--harness", HARNESS]
     proc = subprocess.Popen(cmd, env=dict(os.environ))

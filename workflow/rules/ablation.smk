@@ -4,7 +4,7 @@
 rule ablation_table:
     input:
         records=records("ablation"),
-        code="slapo/bench/aggregate.py",
+        code=sources.analysis_sources(),
     output:
         report(
             "results/ablation.csv",
@@ -16,14 +16,14 @@ rule ablation_table:
     conda:
         ENV
     shell:
-        "python workflow/scripts/run_module.py slapo.bench.aggregate --experiment ablation "
+        "python -m slapo_ae.analysis.aggregate --experiment ablation "
         "--out {output} {input.records} > {log} 2>&1"
 
 
 rule ablation_figure:
     input:
         csv="results/ablation.csv",
-        code="slapo/bench/plots.py",
+        code=sources.analysis_sources(),
     output:
         report(
             "figures/ablation.pdf",
@@ -35,5 +35,5 @@ rule ablation_figure:
     conda:
         ENV
     shell:
-        "python workflow/scripts/run_module.py slapo.bench.plots ablation {input.csv} {output} "
+        "python -m slapo_ae.analysis.plots ablation {input.csv} {output} "
         "> {log} 2>&1"

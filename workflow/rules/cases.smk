@@ -11,7 +11,7 @@ rule case:
     log:
         "results/{experiment}/{profile}/logs/{case_id}.log",
     params:
-        spec=case_spec,
+        case=job_case,
         harness=config["harness"],
     wildcard_constraints:
         experiment="e2e|ablation",
@@ -32,7 +32,7 @@ rule case:
     conda:
         ENV
     shell:
-        "python workflow/scripts/run_module.py slapo.bench.workflow.run_case "
-        "--spec {params.spec:q} --timeout {resources.timeout_s} --cores {resources.rank_cores} "
+        "python -m slapo_ae.harness.runner "
+        "--case {params.case:q} --timeout {resources.timeout_s} --cores {resources.rank_cores} "
         "--harness {params.harness:q} "
         "--out {output.record} --log {log}"

@@ -6,7 +6,7 @@ rule gaps:
     input:
         e2e="results/e2e.csv",
         ablation="results/ablation.csv",
-        code="slapo/bench/gaps.py",
+        code=sources.analysis_sources(runs_cases=True),
     output:
         "results/gaps.json",
     params:
@@ -23,7 +23,7 @@ rule gaps:
     conda:
         ENV
     shell:
-        "python workflow/scripts/run_module.py slapo.bench.gaps --e2e {input.e2e} "
+        "python -m slapo_ae.analysis.gaps --e2e {input.e2e} "
         "--ablation {input.ablation} --out {output} --profiles results/profiles "
         "--device {params.device} --dtype {params.dtype} --harness {params.harness:q} "
         "> {log} 2>&1"
@@ -35,7 +35,7 @@ rule claims:
         ablation="results/ablation.csv",
         loc="results/loc.csv",
         gaps="results/gaps.json",
-        code="slapo/bench/claims.py",
+        code=sources.analysis_sources(),
     output:
         md=report(
             "results/claims.md",
@@ -51,7 +51,7 @@ rule claims:
     conda:
         ENV
     shell:
-        "python workflow/scripts/run_module.py slapo.bench.claims --e2e {input.e2e} "
+        "python -m slapo_ae.analysis.claims --e2e {input.e2e} "
         "--ablation {input.ablation} --loc {input.loc} --gaps {input.gaps} --md {output.md} "
         "--json {output.json} "
         "--c2-min-speedup {params.c2} --c3-max-ratio {params.c3} > {log} 2>&1"

@@ -8,13 +8,12 @@ from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
-sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
+# This checkout's artifact package and planner, whatever else is installed (none loads torch)
+sys.path[:0] = [str(Path(workflow.basedir)), str(Path(workflow.basedir) / "workflow")]
 
-from run_module import light_slapo
-
-light_slapo()  # this checkout's slapo.bench, without loading torch at DAG time
-
-from slapo.bench.workflow import plan
+import plan
+from slapo_ae import sources
+from slapo_ae.cfg import parse_cfg_text
 
 
 validate(config, schema="../schemas/config.schema.yaml", set_default=True)
@@ -22,7 +21,7 @@ validate(config, schema="../schemas/config.schema.yaml", set_default=True)
 plan.python_on_path()  # jobs' `python` is the interpreter running Snakemake
 PROFILE = plan.resolve(config)
 CASES = plan.load_cases(PROFILE)  # {experiment: {case_id: Case}}
-HARNESS_FILES = plan.harness_files()
+CASE_CODE = sources.case_code()
 ENV = "../envs/slapo.yaml"
 plan.export_slots(config, PROFILE)  # GPU slot folder and count, for the jobs' environment
 
@@ -44,11 +43,11 @@ def case_of(wildcards):
 
 
 def case_inputs(wildcards):
-    return plan.case_inputs(case_of(wildcards), harness=HARNESS_FILES)
+    return sources.case_sources(case_of(wildcards), code=CASE_CODE)
 
 
-def case_spec(wildcards):
-    return plan.case_spec_json(case_of(wildcards), PROFILE)
+def job_case(wildcards):
+    return plan.job_case(case_of(wildcards), PROFILE).to_json()
 
 
 def case_gpus(wildcards):
@@ -72,19 +71,12 @@ def records(experiment):
 
 
 def table4_inputs(wildcards):
-    """The schedules Table 4 counts, and the counter itself where it exists."""
-    files = sorted(plan.schedule_files().values()) + ["slapo/bench/table4.py"]
-    return files + [f for f in ["slapo/model_schedule/loc.py"] if Path(f).is_file()]
+    """The schedules Table 4 counts, and the analysis that counts them."""
+    return sorted(sources.schedule_files().values()) + sources.analysis_sources()
 
 
-def smoke_spec():
+def smoke_case():
     kick = config["kick_the_tires"]
-    settings = {
-        "device": "cuda" if PROFILE["gpus_available"] else "cpu",
-        "dtype": "fp32",
-        "steps": kick["steps"],
-        "warmup": kick["warmup"],
-    }
-    case = plan.parse_cfg_text(kick["smoke_case"], "kick_the_tires.smoke_case")[0]
-    spec = plan.case_spec(case, settings)
-    return json.dumps({**spec, "timeout": kick["timeout"]}, sort_keys=True)
+    case = parse_cfg_text(kick["smoke_case"], "kick_the_tires.smoke_case")[0]
+    device = "cuda" if PROFILE["gpus_available"] else "cpu"
+    return case.for_run(kick["steps"], kick["warmup"], "fp32", device).to_json()

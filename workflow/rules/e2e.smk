@@ -4,7 +4,7 @@
 rule e2e_table:
     input:
         records=records("e2e"),
-        code="slapo/bench/aggregate.py",
+        code=sources.analysis_sources(),
     output:
         report(
             "results/e2e.csv",
@@ -16,14 +16,14 @@ rule e2e_table:
     conda:
         ENV
     shell:
-        "python workflow/scripts/run_module.py slapo.bench.aggregate --experiment e2e "
+        "python -m slapo_ae.analysis.aggregate --experiment e2e "
         "--out {output} {input.records} > {log} 2>&1"
 
 
 rule e2e_figure:
     input:
         csv="results/e2e.csv",
-        code="slapo/bench/plots.py",
+        code=sources.analysis_sources(),
     output:
         report(
             "figures/e2e.pdf",
@@ -35,5 +35,5 @@ rule e2e_figure:
     conda:
         ENV
     shell:
-        "python workflow/scripts/run_module.py slapo.bench.plots e2e {input.csv} {output} "
+        "python -m slapo_ae.analysis.plots e2e {input.csv} {output} "
         "> {log} 2>&1"

@@ -17,5 +17,5 @@ rule table4:
     conda:
         ENV
     shell:
-        "python workflow/scripts/run_module.py slapo.bench.table4 --csv {output.csv} "
+        "python -m slapo_ae.analysis.table4 --csv {output.csv} "
         "--md {output.md} --tex {output.tex} > {log} 2>&1"

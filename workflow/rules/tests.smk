@@ -7,15 +7,16 @@ rule kick_the_tires:
     log:
         "results/kick_the_tires/kick.log",
     params:
-        spec=smoke_spec(),
+        case=smoke_case(),
+        case_timeout=config["kick_the_tires"]["timeout"],
         harness=config["harness"],
         timeout=config["kick_the_tires"]["test_timeout"],
         pytest=shlex.join(config["kick_the_tires"]["pytest_args"]),
     conda:
         ENV
     shell:
-        "python workflow/scripts/run_module.py slapo.bench.workflow.kick "
-        "--spec {params.spec:q} --out results/kick_the_tires.txt "
+        "python -m slapo_ae.analysis.kick "
+        "--case {params.case:q} --timeout {params.case_timeout} --out results/kick_the_tires.txt "
         "--record results/kick_the_tires/smoke.json --log results/kick_the_tires/smoke.log "
         "--test-log results/kick_the_tires/pytest.log --test-timeout {params.timeout} "
         "--harness {params.harness:q} -- {params.pytest} 2> {log}"

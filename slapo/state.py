@@ -1,0 +1,127 @@
+"""Every ``_slapo_*`` attribute: the marks slapo sets on modules and other objects.
+
+Primitives change modules in place, and some of them leave a mark that a later primitive,
+the tracer or a hook reads back. Each mark is a named attribute, declared here with who
+writes it and who reads it; everything in slapo goes through the functions below.
+
+They stay separate attributes, not one state object per module, because they live in
+different places and are read differently: marks of a module *class* hold for every instance
+and copy; instance marks are plain entries of the module's ``__dict__``, so ``copy.deepcopy``
+copies them, a GraphModule that keeps the module as a submodule keeps them (it holds the same
+object), and a module put in its place by ``replace`` starts without them. Tests and user
+code may read ``_slapo_checkpointed`` directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+# --- marks of module classes ------------------------------------------------------------
+# Written by the class definitions of FusedModule (fuse) and DecomposedLinear (decompose);
+# read by the tracer (SlapoTracer.is_leaf_module) and by pipeline splitting (_reach, which
+# refuses to cut inside a leaf).
+LEAF = "_slapo_leaf"  # True: the tracer keeps the module as one call, never traces into it
+# Written by DecomposedLinear (decompose); read by the tracer (SlapoTracer._attr_alias).
+ATTR_ALIAS = "_slapo_attr_alias"  # {registered parameter name: attribute the graph reads}
+
+# --- marks of module instances ------------------------------------------------------------
+# Written and read by checkpoint (applying it twice is a no-op).
+CHECKPOINTED = "_slapo_checkpointed"  # True: the forward is wrapped in torch checkpointing
+# Written by hooks.post_chain (sync "fwd_post", shard's deferred bias); read by the forward
+# hook that post_chain registers with it.
+POST_CHAIN = "_slapo_post_chain"  # functions applied, in order, to the module's output
+# Written by hooks.defer_bias (shard of a row-parallel Linear/Conv); read by the same hook.
+DEFERRED_BIAS = "_slapo_deferred_bias"  # True: the hook adds ``bias`` after the chain
+
+# --- marks of the root Schedule -----------------------------------------------------------
+# Written by cut_pipeline_stage (pipeline.record_cut); read by pipeline.split_stages.
+PIPELINE_CUTS = "_slapo_pipeline_cuts"  # the module paths a stage ends after, in cut order
+
+# --- tracer-private marks -----------------------------------------------------------------
+# Written on the wrappers the tracer puts in place of torch constructors (torch.arange, ...)
+# and read when patching, so that a nested trace does not wrap a wrapper.
+CONSTRUCTOR_WRAPPER = "_slapo_constructor"
+# Written on an exception by the tracer where a module call fails; read when the error is
+# turned into a TraceError, which then names that innermost module.
+ERROR_WHERE = "_slapo_where"  # (schedule path, class name) of the failing module
+
+
+# Class marks: set by decorators on the class, read on instances.
+def leaf_class(cls: type) -> type:
+    """Class decorator: the tracer keeps instances of ``cls`` as leaves."""
+    setattr(cls, LEAF, True)
+    return cls
+
+
+def is_leaf(mod: Any) -> bool:
+    return getattr(mod, LEAF, False)
+
+
+def attr_aliases(**aliases: str) -> Callable[[type], type]:
+    """Class decorator: the graph reads the parameter registered as ``name`` through the
+    attribute ``aliases[name]`` (the class exposes the parameter only under that name)."""
+    def mark(cls: type) -> type:
+        setattr(cls, ATTR_ALIAS, dict(aliases))
+        return cls
+    return mark
+
+
+def attr_alias(mod: Any, name: str) -> str | None:
+    """The attribute through which a graph reads ``mod``'s parameter ``name``, if another."""
+    return getattr(mod, ATTR_ALIAS, {}).get(name)
+
+
+# Instance marks.
+def is_checkpointed(mod: Any) -> bool:
+    return getattr(mod, CHECKPOINTED, False)
+
+
+def mark_checkpointed(mod: Any) -> None:
+    setattr(mod, CHECKPOINTED, True)
+
+
+# Read from the instance's __dict__ only: nn.Module.__getattr__ would also look for a
+# submodule or parameter of that name, and a class attribute must not count.
+def post_chain_of(mod: Any) -> list | None:
+    return mod.__dict__.get(POST_CHAIN)
+
+
+def set_post_chain(mod: Any, chain: list) -> None:
+    mod.__dict__[POST_CHAIN] = chain
+
+
+def has_deferred_bias(mod: Any) -> bool:
+    return bool(mod.__dict__.get(DEFERRED_BIAS))
+
+
+def mark_deferred_bias(mod: Any) -> None:
+    mod.__dict__[DEFERRED_BIAS] = True
+
+
+# Root Schedule marks.
+def add_pipeline_cut(root: Any, path: str) -> None:
+    cuts = root.__dict__.setdefault(PIPELINE_CUTS, [])
+    if path not in cuts:
+        cuts.append(path)
+
+
+def pipeline_cuts(root: Any) -> list[str]:
+    return list(root.__dict__.get(PIPELINE_CUTS, []))
+
+
+# Tracer-private marks.
+def mark_constructor_wrapper(fn: Callable) -> None:
+    setattr(fn, CONSTRUCTOR_WRAPPER, True)
+
+
+def is_constructor_wrapper(fn: Callable) -> bool:
+    return getattr(fn, CONSTRUCTOR_WRAPPER, False)
+
+
+def error_where(err: BaseException) -> tuple[str, str] | None:
+    return getattr(err, ERROR_WHERE, None)
+
+
+def set_error_where(err: BaseException, where: str, module_class: str) -> None:
+    setattr(err, ERROR_WHERE, (where, module_class))

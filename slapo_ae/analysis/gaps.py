@@ -1,0 +1,201 @@
+"""Slapo beside its own engine: where a Slapo system trails, profile both and say where the time
+goes (``results/gaps.json``, read by :mod:`slapo_ae.analysis.claims`).
+
+A Slapo system is its baseline's engine plus a schedule, so it should never be slower:
+
+- ``slapo-megatron`` >= ``megatron`` and ``slapo-deepspeed`` >= ``deepspeed``, per model and GPU
+  count (where both ran ``ok``);
+- each Figure 9 step >= the step before it.
+
+Each such point is judged with the claims' noise rule (:func:`slapo_ae.analysis.claims.compare`):
+``ahead`` (PASS), ``behind`` (FAIL) or ``within the noise`` (INCONCLUSIVE). For every point
+behind (at most ``--max-profiles``, the largest gaps first) both cases run again for a few
+steps under torch.profiler (``slapo-bench run --profile``), and rank 0's per-step self CPU
+time is compared: in all, in collectives (and their waits), and per operator, the operators
+whose time differs most first. The profiles' tables and traces stay under ``--profiles``.
+
+    python -m slapo_ae.analysis.gaps --e2e results/e2e.csv --ablation results/ablation.csv \\
+        --out results/gaps.json --profiles results/profiles [--harness CMD]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from slapo_ae.analysis.aggregate import ABLATION_LABELS, ABLATION_STEPS, SYSTEM_LABELS
+from slapo_ae.atomic import write_text
+from slapo_ae.analysis.claims import (FAIL, INCONCLUSIVE, PASS, compare, ok_rate, read_table,
+                                table_rows)
+from slapo_ae.harness.profiling import COLLECTIVE
+from slapo_ae.record import read_record
+from slapo_ae.case import Case, parse_ckpt
+from slapo_ae.harness.runspec import default_timeout
+from slapo_ae.harness.runner import DEFAULT_HARNESS, harness_command, harness_env
+
+ENGINE_PAIRS = (("megatron", "slapo-megatron"), ("deepspeed", "slapo-deepspeed"))
+RELATION = {PASS: "ahead", FAIL: "behind", INCONCLUSIVE: "within the noise"}
+PROFILE_STEPS, PROFILE_WARMUP = 10, 3
+MAX_PROFILES = 6
+TOP_DIFFERENCES = 6
+
+
+def _ok(row) -> bool:
+    return row is not None and (ok_rate(row) or 0) > 0
+
+
+def _label(mode: str) -> str:
+    return SYSTEM_LABELS.get(mode) or ABLATION_LABELS.get(mode) or mode
+
+
+def target_points(e2e_rows, ablation_rows) -> list[dict]:
+    """Every point of the targets where both sides ran ok, with its verdict."""
+    points = []
+    by_case = {(r["mode"], r["model"], int(r["gpus"])): r for r in e2e_rows}
+    for engine, slapo in ENGINE_PAIRS:
+        for (mode, model, gpus), base in sorted(by_case.items()):
+            ours = by_case.get((slapo, model, gpus))
+            if mode == engine and _ok(base) and _ok(ours):
+                points.append(_point(f"{_label(slapo)} vs {_label(engine)}", model, gpus,
+                                     base, ours))
+    steps = {r["mode"]: r for r in ablation_rows}
+    for before, after in zip(ABLATION_STEPS, ABLATION_STEPS[1:]):
+        if _ok(steps.get(before)) and _ok(steps.get(after)):
+            a, b = steps[before], steps[after]
+            points.append(_point(f"{_label(after)} vs {_label(before)}", b["model"],
+                                 int(b["gpus"]), a, b))
+    return points
+
+
+def _point(what, model, gpus, base, ours) -> dict:
+    verdict = compare(ours, base)
+    return {"what": what, "model": model, "gpus": gpus, "verdict": verdict,
+            "relation": RELATION[verdict],
+            "ratio": float(ours["samples_per_s"]) / float(base["samples_per_s"]),
+            "baseline": _case(base), "slapo": _case(ours)}
+
+
+def _case(row) -> dict:
+    ckpt = row.get("ckpt")
+    if ckpt is None or (isinstance(ckpt, float) and math.isnan(ckpt)):
+        ckpt = "0"
+    return {"mode": row["mode"], "model": row["model"], "gpus": int(row["gpus"]),
+            "seq_len": int(row["seq_len"]), "dec_seq_len": int(row["dec_seq_len"]),
+            "batch_size": int(row["batch_size"]), "ckpt": str(ckpt),
+            "samples_per_s": float(row["samples_per_s"])}
+
+
+def profile_case(case: dict, out_dir: Path, device: str, dtype: str,
+                 harness: str = DEFAULT_HARNESS) -> dict:
+    """Run ``case`` under the profiler through the harness CLI, with the harness's own thread
+    budget (on CPU one core per rank, as the workflow's cases); returns rank 0's operators
+    (``rank0.ops.json``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run = Case(mode=case["mode"], model=case["model"], gpus=case["gpus"],
+               seq_len=case["seq_len"], dec_seq_len=case["dec_seq_len"],
+               batch_size=case["batch_size"], batch_expr=str(case["batch_size"]),
+               ckpt=parse_ckpt(case["mode"], case["ckpt"]), steps=PROFILE_STEPS,
+               warmup=PROFILE_WARMUP, dtype=dtype, device=device)
+    record_path, log = out_dir / "record.json", out_dir / "run.log"
+    cmd = harness_command(harness, run, default_timeout(device, PROFILE_STEPS),
+                          str(record_path), str(log))
+    env = harness_env()
+    if device != "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    subprocess.run(cmd + ["--profile", str(out_dir), "--quiet"], stdin=subprocess.DEVNULL,
+                   capture_output=True, text=True, env=env)
+    record = read_record(record_path) if record_path.is_file() else None
+    if record is None or record.status != "ok":
+        what = (record.reason.splitlines()[0] if record and record.reason else
+                f"no record; see {log}")
+        raise RuntimeError(f"profiling {case['mode']} {case['model']}: {what}")
+    return json.loads((out_dir / "rank0.ops.json").read_text())
+
+
+def per_step(ops: dict) -> dict[str, float]:
+    """Self CPU milliseconds per profiled step, per operator."""
+    steps = max(ops["steps"], 1)
+    return {name: op["self_cpu_us"] / 1e3 / steps for name, op in ops["ops"].items()}
+
+
+def explain(base_ops: dict, slapo_ops: dict) -> dict:
+    """Where the time per step goes, baseline against Slapo (rank 0, self CPU ms)."""
+    a, b = per_step(base_ops), per_step(slapo_ops)
+    collective = lambda ops: sum(v for k, v in ops.items() if COLLECTIVE.search(k))  # noqa: E731
+    diffs = sorted(((name, a.get(name, 0.0), b.get(name, 0.0)) for name in set(a) | set(b)),
+                   key=lambda t: abs(t[2] - t[1]), reverse=True)
+    return {
+        "wall_ms_per_step": [base_ops["wall_us"] / 1e3 / max(base_ops["steps"], 1),
+                             slapo_ops["wall_us"] / 1e3 / max(slapo_ops["steps"], 1)],
+        "self_cpu_ms_per_step": [sum(a.values()), sum(b.values())],
+        "collective_ms_per_step": [collective(a), collective(b)],
+        "largest_differences": [{"op": name, "baseline_ms": x, "slapo_ms": y}
+                                for name, x, y in diffs[:TOP_DIFFERENCES]],
+    }
+
+
+def cause_text(profile: dict) -> str:
+    """One line: the profile's totals and its largest per-operator differences, and whether
+    the profiled run reproduced the gap at all (a gap it does not reproduce came from the
+    measured run's noise, not from the schedule)."""
+    wa, wb = profile["wall_ms_per_step"]
+    ca, cb = profile["collective_ms_per_step"]
+    ops = ", ".join(f"{d['op']} {d['baseline_ms']:.1f} -> {d['slapo_ms']:.1f}"
+                    for d in profile["largest_differences"])
+    verdict = ("gap not reproduced when profiled: Slapo's step was the shorter one, so the "
+               "measured gap is noise between runs; " if wb <= wa else "")
+    return (f"{verdict}profiled step (rank 0): {wa:.1f} -> {wb:.1f} ms wall, collectives "
+            f"{ca:.1f} -> {cb:.1f} ms; largest differences (ms/step, baseline -> Slapo): {ops}")
+
+
+def find_gaps(e2e_rows, ablation_rows, profiles: Path | None, device: str = "cpu",
+              dtype: str = "fp32", max_profiles: int = MAX_PROFILES,
+              harness: str = DEFAULT_HARNESS) -> dict:
+    points = target_points(e2e_rows, ablation_rows)
+    behind = sorted((p for p in points if p["verdict"] == FAIL), key=lambda p: p["ratio"])
+    for i, point in enumerate(behind):
+        if profiles is None or i >= max_profiles:
+            point["cause"] = "not profiled" + (f" (only the {max_profiles} largest gaps are)"
+                                               if profiles is not None else "")
+            continue
+        where = profiles / f"{point['slapo']['mode']}__{point['model'].replace('/', '_')}__" \
+                           f"g{point['gpus']}"
+        try:
+            base = profile_case(point["baseline"], where / "baseline", device, dtype, harness)
+            ours = profile_case(point["slapo"], where / "slapo", device, dtype, harness)
+        except (RuntimeError, OSError, ValueError) as err:
+            point["cause"] = f"profiling failed: {err}"
+            continue
+        point["profile"] = explain(base, ours)
+        point["profile_dir"] = str(where)
+        point["cause"] = cause_text(point["profile"])
+    return {"points": points, "behind": len(behind), "device": device,
+            "profile_steps": PROFILE_STEPS - PROFILE_WARMUP}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--e2e")
+    parser.add_argument("--ablation")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--profiles", required=True, help="folder of the profiles")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
+    parser.add_argument("--max-profiles", type=int, default=MAX_PROFILES)
+    parser.add_argument("--harness", default=DEFAULT_HARNESS, help="the harness CLI")
+    args = parser.parse_args(argv)
+    result = find_gaps(table_rows(read_table(args.e2e)), table_rows(read_table(args.ablation)),
+                       Path(args.profiles), args.device, args.dtype, args.max_profiles,
+                       args.harness)
+    write_text(args.out, json.dumps(result, indent=2) + "\n")
+    for p in result["points"]:
+        print(f"{p['what']} {p['model']} x{p['gpus']}: {p['ratio']:.2f}x, {p['relation']}"
+              + (f"; {p['cause']}" if p.get("cause") else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

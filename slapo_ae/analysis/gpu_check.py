@@ -1,0 +1,235 @@
+"""The one-GPU check: Slapo against what a user would pick instead, on one GPU, in one run.
+
+    python -m slapo_ae.analysis.gpu_check run configs/gpu_check/one_gpu.cfg --out results/reference/h200
+    python -m slapo_ae.analysis.gpu_check judge results/reference/h200
+
+``run`` runs the cases of a cfg file one after another through the harness
+(``slapo-bench run`` in this process: its own ranks, timeout and record per case), writing
+``OUT/<case id>.json`` and ``OUT/logs/<case id>.log``. A case whose record is already ``ok`` or
+``unsupported`` is kept (a rerun resumes and retries failures); past ``--budget`` seconds no new
+case starts. It ends with ``judge``.
+
+``judge`` reads the records of a folder and checks three targets per model, all from the same
+GPU and the same run, into ``OUT/summary.md`` and ``OUT/summary.json``:
+
+- ``T1``: ``slapo-megatron`` (TP=1, kernel optimisation) reaches at least
+  :data:`T1_MIN_SPEEDUP` times the samples/s of the best of ``hf-sdpa``, ``hf-compile`` and
+  ``megatron``;
+- ``T2``: ``slapo-deepspeed`` reaches at least :data:`T2_MIN_SPEEDUP` times ``deepspeed``
+  (plain ZeRO-3);
+- ``T3``: the better of the two Slapo systems reaches a model FLOPs utilization of at least
+  :data:`T3_MIN_MFU`.
+
+A target is ``NOT-RUN`` (with the reason) when a record it needs is missing or not ``ok``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+T1_MIN_SPEEDUP = 1.1
+T2_MIN_SPEEDUP = 2.0
+T3_MIN_MFU = 0.45
+T1_BASELINES = ("hf-sdpa", "hf-compile", "megatron")
+SLAPO_MODES = ("slapo-megatron", "slapo-deepspeed")
+# REFERENCE.md's anchors on one H200 (bf16, AdamW, 10 timed steps after 3 warm-up), samples/s,
+# shown beside the measured numbers in summary.md (megatron's is its GPT-1.3B for GPT-Neo).
+H200_ANCHORS = {
+    ("bert-large-uncased", "eager"): 160, ("bert-large-uncased", "hf-sdpa"): 271,
+    ("bert-large-uncased", "hf-compile"): 228, ("bert-large-uncased", "deepspeed"): 63,
+    ("EleutherAI/gpt-neo-1.3B", "eager"): 21.9, ("EleutherAI/gpt-neo-1.3B", "hf-compile"): 49.6,
+    ("EleutherAI/gpt-neo-1.3B", "deepspeed"): 14.5, ("EleutherAI/gpt-neo-1.3B", "megatron"): 25.9,
+    ("facebook/opt-1.3b", "hf-sdpa"): 48.2, ("llama-1.1b", "hf-sdpa"): 46.2,
+}
+SETTLED = ("ok", "unsupported")  # a rerun keeps these records; failed and oom cases run again
+
+
+@dataclass(frozen=True)
+class Verdict:
+    model: str
+    target: str      # T1, T2, T3
+    verdict: str     # PASS, FAIL, NOT-RUN
+    value: float | None
+    threshold: float
+    detail: str
+
+
+def _ok(records: dict, model: str, mode: str):
+    """The ``ok`` record of (model, mode), or None."""
+    record = records.get((model, mode))
+    return record if record is not None and record.status == "ok" else None
+
+
+def _why_missing(records: dict, model: str, mode: str) -> str:
+    record = records.get((model, mode))
+    if record is None:
+        return f"{mode}: no record"
+    return f"{mode}: {record.status} ({(record.reason or '').splitlines()[0][:120]})"
+
+
+def judge_model(records: dict, model: str) -> list[Verdict]:
+    """The three targets for ``model``; ``records`` maps (model, mode) to a Record."""
+    out = []
+    slapo_tp = _ok(records, model, "slapo-megatron")
+    baselines = {m: _ok(records, model, m) for m in T1_BASELINES}
+    ran = {m: r.metrics.samples_per_s for m, r in baselines.items() if r is not None}
+    if slapo_tp is None or not ran:
+        why = [_why_missing(records, model, "slapo-megatron")] if slapo_tp is None else []
+        why += [_why_missing(records, model, m) for m in T1_BASELINES if baselines[m] is None]
+        out.append(Verdict(model, "T1", "NOT-RUN", None, T1_MIN_SPEEDUP, "; ".join(why)))
+    else:
+        best = max(ran, key=ran.get)
+        speedup = slapo_tp.metrics.samples_per_s / ran[best]
+        rates = ", ".join(f"{m} {v:.4g}" for m, v in ran.items())
+        out.append(Verdict(model, "T1", "PASS" if speedup >= T1_MIN_SPEEDUP else "FAIL",
+                           speedup, T1_MIN_SPEEDUP,
+                           f"slapo-megatron {slapo_tp.metrics.samples_per_s:.4g} samples/s "
+                           f"against best baseline {best} (baselines: {rates})"))
+    slapo_ds, ds = _ok(records, model, "slapo-deepspeed"), _ok(records, model, "deepspeed")
+    if slapo_ds is None or ds is None:
+        why = [_why_missing(records, model, m) for m, r in
+               (("slapo-deepspeed", slapo_ds), ("deepspeed", ds)) if r is None]
+        out.append(Verdict(model, "T2", "NOT-RUN", None, T2_MIN_SPEEDUP, "; ".join(why)))
+    else:
+        speedup = slapo_ds.metrics.samples_per_s / ds.metrics.samples_per_s
+        out.append(Verdict(model, "T2", "PASS" if speedup >= T2_MIN_SPEEDUP else "FAIL",
+                           speedup, T2_MIN_SPEEDUP,
+                           f"slapo-deepspeed {slapo_ds.metrics.samples_per_s:.4g} against "
+                           f"deepspeed {ds.metrics.samples_per_s:.4g} samples/s"))
+    mfus = {m: r.metrics.mfu for m in SLAPO_MODES
+            if (r := _ok(records, model, m)) is not None and r.metrics.mfu is not None}
+    if not mfus:
+        out.append(Verdict(model, "T3", "NOT-RUN", None, T3_MIN_MFU,
+                           "no ok Slapo record with a known device peak (MFU needs a GPU whose "
+                           "peak FLOPS slapo_ae.harness.metrics knows)"))
+    else:
+        best = max(mfus, key=mfus.get)
+        out.append(Verdict(model, "T3", "PASS" if mfus[best] >= T3_MIN_MFU else "FAIL",
+                           mfus[best], T3_MIN_MFU, f"best Slapo system: {best}"))
+    return out
+
+
+def load_records(folder) -> dict:
+    """(model, mode) -> Record of every ``*.json`` record in ``folder``."""
+    from slapo_ae.record import read_record
+
+    records = {}
+    for path in sorted(Path(folder).glob("*.json")):
+        if path.name == "summary.json":
+            continue
+        record = read_record(path)
+        records[(record.case["model"], record.case["mode"])] = record
+    return records
+
+
+def _hardware(records: dict) -> str:
+    names = sorted({f"{r.env.get('device_name')} (torch {r.env.get('torch')})"
+                    for r in records.values() if r.status == "ok"})
+    return "; ".join(names) or "no ok record"
+
+
+def judge(folder) -> list[Verdict]:
+    """Judge the records in ``folder``; writes ``summary.md`` and ``summary.json`` there."""
+    folder = Path(folder)
+    records = load_records(folder)
+    models = sorted({model for model, _ in records})
+    verdicts = [v for model in models for v in judge_model(records, model)]
+    (folder / "summary.json").write_text(json.dumps(
+        {"hardware": _hardware(records), "verdicts": [asdict(v) for v in verdicts]}, indent=1))
+    lines = ["# One-GPU check", "", f"Hardware: {_hardware(records)}.", "",
+             f"T1: slapo-megatron >= {T1_MIN_SPEEDUP}x best of {', '.join(T1_BASELINES)}; "
+             f"T2: slapo-deepspeed >= {T2_MIN_SPEEDUP}x deepspeed; "
+             f"T3: best Slapo MFU >= {T3_MIN_MFU:.0%}.", "",
+             "| model | target | verdict | value | needed | detail |", "|---|---|---|---:|---:|---|"]
+    for v in verdicts:
+        value = "-" if v.value is None else (f"{v.value:.1%}" if v.target == "T3"
+                                             else f"{v.value:.2f}x")
+        needed = f"{v.threshold:.0%}" if v.target == "T3" else f"{v.threshold:g}x"
+        lines.append(f"| {v.model} | {v.target} | {v.verdict} | {value} | {needed} | {v.detail} |")
+    lines += ["", "| model | mode | status | samples/s | TFLOPS | MFU | peak GiB | "
+              "REFERENCE.md H200 anchor |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for (model, mode), r in sorted(records.items()):
+        m = r.metrics
+        cells = ([f"{m.samples_per_s:.4g}", f"{m.tflops_per_gpu:.4g}",
+                  "-" if m.mfu is None else f"{m.mfu:.1%}",
+                  f"{max(m.peak_mem_bytes) / 2**30:.1f}"] if r.status == "ok" else ["-"] * 4)
+        cells.append(str(H200_ANCHORS.get((model, mode), "-")))
+        lines.append(f"| {model} | {mode} | {r.status} | " + " | ".join(cells) + " |")
+    (folder / "summary.md").write_text("\n".join(lines) + "\n")
+    return verdicts
+
+
+def run(cfg, out, steps: int, warmup: int, dtype: str, device: str, budget_s: float,
+        timeout_s: float) -> int:
+    """Run every case of ``cfg`` not yet settled in ``out``; returns how many were left out."""
+    from slapo_ae.harness import cli
+    from slapo_ae.cfg import parse_cfg
+    from slapo_ae.record import RecordError, read_record
+
+    out = Path(out)
+    start = time.monotonic()
+    skipped = 0
+    for case in parse_cfg(cfg):
+        record_path = out / f"{case.id}.json"
+        try:
+            status = read_record(record_path).status
+            if status in SETTLED:
+                print(f"{case.id}: {status} already, kept", flush=True)
+                continue
+        except (OSError, RecordError):
+            pass
+        elapsed = time.monotonic() - start
+        if elapsed > budget_s:
+            print(f"{case.id}: not started, the budget of {budget_s:g} s is spent", flush=True)
+            skipped += 1
+            continue
+        run_case = case.for_run(steps, warmup, dtype, device)
+        args = ["run", *run_case.to_argv(), "--out", str(record_path),
+                "--log", str(out / "logs" / f"{case.id}.log"), "--timeout", str(timeout_s)]
+        # `slapo-bench run`: prints "<id>: <status>: <samples/s or reason> -> <record>", and
+        # leaves a failed record even when the harness itself breaks.
+        cli.main(args)
+        print(f"  [{time.monotonic() - start - elapsed:.0f} s; {time.monotonic() - start:.0f} s "
+              f"in all]", flush=True)
+    return skipped
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slapo_ae.analysis.gpu_check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run the cases of a cfg file, then judge them")
+    p.add_argument("cfg")
+    p.add_argument("--out", required=True, help="folder of the records and the summary")
+    p.add_argument("--steps", type=int, default=15, help="all steps, warm-up included")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"))
+    p.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    # Defaults sized for a 10-minute device call: no case starts after 6 minutes, and a case
+    # runs for at most 3.
+    p.add_argument("--budget", type=float, default=360.0,
+                   help="seconds after which no new case starts (default 360)")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per case (default 180)")
+    p = sub.add_parser("judge", help="judge the records of a folder")
+    p.add_argument("folder")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        skipped = run(args.cfg, args.out, args.steps, args.warmup, args.dtype, args.device,
+                      args.budget, args.timeout)
+        folder = args.out
+    else:
+        skipped = 0
+        folder = args.folder
+    verdicts = judge(folder)
+    print(Path(folder, "summary.md").read_text())
+    if skipped:
+        print(f"{skipped} case(s) not run: the budget was spent", file=sys.stderr)
+    return 1 if any(v.verdict == "FAIL" for v in verdicts) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

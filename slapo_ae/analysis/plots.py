@@ -1,0 +1,219 @@
+"""Figure 7 (end-to-end throughput) and Figure 9 (ablation) from the aggregate tables.
+
+Both draw samples/s as bars and mark every case whose status is not ``ok`` (OOM,
+unsupported, failed) with an X where its bar would be, as the paper does; the legend says so.
+
+- :func:`figure7`: one panel per model, GPU counts on the x axis, the four systems
+  (Megatron-LM, DeepSpeed ZeRO-3, Slapo-TP, Slapo-ZeRO3) as bars.
+- :func:`figure9`: the ablation's steps (Vanilla, + Kernel Opt, + Attn/FFN TP,
+  + Embedding TP) as bars, each labelled with its speedup over Vanilla.
+
+    python -m slapo_ae.analysis.plots e2e results/e2e.csv figures/e2e.pdf
+    python -m slapo_ae.analysis.plots ablation results/ablation.csv figures/ablation.pdf
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from slapo_ae import atomic
+from slapo_ae.analysis.aggregate import (ABLATION_LABELS, ABLATION_STEPS, SYSTEM_LABELS, SYSTEMS,
+                                   model_meta)
+
+COLORS = {"megatron": "#4c72b0", "deepspeed": "#dd8452", "slapo-megatron": "#55a868",
+          "slapo-deepspeed": "#c44e52"}
+STEP_COLORS = ["#8c8c8c", "#64b5cd", "#55a868", "#2f6b3c"]
+FAMILY_ORDER = ("bert", "roberta", "gpt_neo", "opt", "t5", "wideresnet", "llama")
+X_NOTE = "X: not measured (OOM, unsupported or failed)"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def model_order(models, root: Path | str = ".") -> list[str]:
+    """Models in the paper's panel order (BERT, RoBERTa, GPT, OPT, T5, WideResNet, then
+    others), by family, then by name."""
+    root = Path(root)
+
+    def key(model):
+        family = model_meta(model, root).get("family")
+        rank = FAMILY_ORDER.index(family) if family in FAMILY_ORDER else len(FAMILY_ORDER)
+        return rank, model
+
+    return sorted(set(models), key=key)
+
+
+def _ok(row) -> bool:
+    value = row.get("samples_per_s")
+    return row.get("status") == "ok" and value is not None and not math.isnan(float(value))
+
+
+def _x_mark(ax, x, y, color):
+    ax.plot([x], [y], marker="x", markersize=9, markeredgewidth=2.2, color=color,
+            linestyle="none", zorder=5)
+
+
+def _legend_x(color="black"):
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], marker="x", markersize=9, markeredgewidth=2.2, color=color,
+                  linestyle="none", label=X_NOTE)
+
+
+def _empty(ax, text):
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _title(df, what: str) -> str:
+    if df.empty:
+        return what
+    profile = ", ".join(sorted(str(p) for p in df["profile"].dropna().unique()))
+    devices = ", ".join(sorted(str(d) for d in df["device_name"].dropna().unique()))
+    bits = [what]
+    if profile:
+        bits.append(f"profile {profile}")
+    if devices:
+        bits.append(devices)
+    return " | ".join(bits)
+
+
+def figure7(df, root: Path | str = "."):
+    """Figure 7 from the e2e table (:func:`slapo_ae.analysis.aggregate.table`)."""
+    plt = _plt()
+    from matplotlib.patches import Patch
+
+    df = df[df["mode"].isin(SYSTEMS)] if not df.empty else df
+    models = model_order(df["model"].unique(), root) if not df.empty else []
+    ncols = max(1, min(3, len(models)))
+    nrows = max(1, math.ceil(len(models) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.6 * ncols, 9.0), 3.4 * nrows + 1.1),
+                             squeeze=False)
+    flat = list(axes.flat)
+    cpu = not df.empty and (df["device_count"].fillna(0) == 0).all()
+    width = 0.8 / len(SYSTEMS)
+    for ax, model in zip(flat, models):
+        sub = df[df["model"] == model]
+        gpus = sorted(int(g) for g in sub["gpus"].unique())
+        top = sub["samples_per_s"].max(skipna=True)
+        top = float(top) if top == top and top else 1.0
+        for gi, g in enumerate(gpus):
+            for si, system in enumerate(SYSTEMS):
+                rows = sub[(sub["gpus"] == g) & (sub["mode"] == system)]
+                if rows.empty:
+                    continue
+                row = rows.iloc[0].to_dict()
+                x = gi + (si - (len(SYSTEMS) - 1) / 2) * width
+                if _ok(row):
+                    ax.bar(x, float(row["samples_per_s"]), width, color=COLORS[system],
+                           edgecolor="black", linewidth=0.4)
+                else:
+                    _x_mark(ax, x, 0.04 * top, COLORS[system])
+        ax.set_xticks(range(len(gpus)))
+        ax.set_xticklabels([str(g) for g in gpus])
+        ax.set_xlim(-0.6, len(gpus) - 0.4)
+        ax.set_ylim(0, top * 1.15)
+        label = sub["model_label"].iloc[0] if "model_label" in sub else model
+        ax.set_title(label if label == model else f"{label} ({model})", fontsize=10)
+        ax.set_xlabel("ranks (CPU processes)" if cpu else "GPUs")
+        ax.set_ylabel("samples/s")
+        ax.grid(axis="y", alpha=0.3)
+    if not models:
+        _empty(flat[0], "no e2e cases in this profile")
+    for ax in flat[len(models) or 1:]:
+        ax.axis("off")
+    handles = [Patch(facecolor=COLORS[s], edgecolor="black", label=SYSTEM_LABELS[s])
+               for s in SYSTEMS] + [_legend_x()]
+    fig.suptitle(_title(df, "Figure 7: training throughput"), y=0.995, fontsize=10)
+    top = 1 - 0.5 / fig.get_figheight()
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, top + 0.01))
+    fig.tight_layout(rect=(0, 0, 1, top - 0.04))
+    return fig
+
+
+def figure9(df):
+    """Figure 9 from the ablation table (:func:`slapo_ae.analysis.aggregate.ablation_table`)."""
+    plt = _plt()
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    rows = df[df["mode"].isin(ABLATION_STEPS)] if not df.empty else df
+    if rows.empty:
+        _empty(ax, "no ablation cases in this profile")
+    else:
+        rows = rows.assign(_step=rows["mode"].map(ABLATION_STEPS.index)).sort_values("_step")
+        top = rows["samples_per_s"].max(skipna=True)
+        top = float(top) if top == top and top else 1.0
+        labels = []
+        for i, (_, row) in enumerate(rows.iterrows()):
+            row = row.to_dict()
+            color = STEP_COLORS[ABLATION_STEPS.index(row["mode"])]
+            labels.append(f"{ABLATION_LABELS[row['mode']]}\n{int(row['gpus'])} "
+                          f"{'GPU' if row.get('device_count') else 'rank'}"
+                          f"{'s' if int(row['gpus']) > 1 else ''}, batch {int(row['batch_size'])}")
+            if _ok(row):
+                value = float(row["samples_per_s"])
+                ax.bar(i, value, 0.6, color=color, edgecolor="black", linewidth=0.4)
+                speedup = row.get("speedup_vs_vanilla")
+                text = (f"{float(speedup):.2f}x" if speedup is not None and speedup == speedup
+                        else "n/a")
+                ax.text(i, value + 0.02 * top, text, ha="center", va="bottom", fontsize=9)
+            else:
+                _x_mark(ax, i, 0.04 * top, color)
+                ax.text(i, 0.1 * top, str(row["status"]), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_ylim(0, top * 1.2)
+        ax.set_ylabel("samples/s")
+        ax.grid(axis="y", alpha=0.3)
+        model = rows["model_label"].iloc[0]
+        ax.legend(handles=[_legend_x()], loc="upper left", fontsize=8, frameon=False)
+        ax.set_title(_title(rows, f"Figure 9: ablation on {model}") +
+                     "\n(label: speedup over Vanilla)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def count_x_marks(fig) -> int:
+    """How many X marks (non-``ok`` cases) a figure of this module draws (legends aside)."""
+    return sum(1 for ax in fig.axes for line in ax.lines if line.get_marker() == "x")
+
+
+def save(fig, out) -> Path:
+    """Save ``fig`` to ``out`` atomically (the format follows the suffix)."""
+    out = Path(out)
+    try:
+        with atomic.replacing(out) as tmp:
+            fig.savefig(tmp, metadata={"CreationDate": None} if out.suffix == ".pdf" else None)
+    finally:
+        _plt().close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    import pandas as pd
+
+    parser = argparse.ArgumentParser(description="Draw Figure 7 or Figure 9 from a CSV.")
+    parser.add_argument("figure", choices=("e2e", "ablation"))
+    parser.add_argument("csv")
+    parser.add_argument("out")
+    parser.add_argument("--root", default=".")
+    args = parser.parse_args(argv)
+    df = pd.read_csv(args.csv)
+    fig = figure7(df, args.root) if args.figure == "e2e" else figure9(df)
+    save(fig, args.out)
+    print(f"{args.out}: drawn from {len(df)} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

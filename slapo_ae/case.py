@@ -1,0 +1,246 @@
+"""One benchmark case and its one encoding.
+
+A :class:`Case` is what one measurement is: a system (``mode``) training a model on ``gpus``
+GPUs (ranks on a CPU machine) with a global batch, sequence lengths and activation
+checkpointing, and the run settings that shape the result (steps, warm-up, dtype, device,
+seed, learning rate, dropout, model-config overrides). A cfg line (:mod:`slapo_ae.cfg`) gives
+cases without run settings; :meth:`Case.for_run` adds them.
+
+Every part of the artifact passes a case in one of three forms, all defined here:
+
+- JSON (:meth:`to_json` / :meth:`from_json`): the workflow job's ``params`` and the runner's
+  ``--case``; a changed field reruns the job, a moved cfg line does not (no source or line);
+- argv (:meth:`to_argv`, parsed back by :func:`add_arguments` and :func:`from_args`): the
+  ``slapo-bench run`` call of the case runner, the GPU check and a user;
+- the record's ``case`` (:meth:`to_record`), which the analysis reads.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+
+from slapo_ae import expr
+
+MODES = {
+    "megatron": "Megatron-LM (megatron-core) baseline, tensor parallelism = GPUs",
+    "slapo-megatron": "HF model + Slapo schedule, tensor parallelism on Megatron (Slapo-TP)",
+    "deepspeed": "HF model on DeepSpeed ZeRO-3, micro-batch = batch / GPUs",
+    "slapo-deepspeed": "HF model + Slapo schedule on DeepSpeed ZeRO-3 (Slapo-ZeRO3)",
+    "eager": "the HF model as is, data parallel (Figure 9: Vanilla)",
+    "hf-sdpa": "the HF model with HF's SDPA attention, data parallel (a one-GPU baseline)",
+    "hf-compile": "the HF model (SDPA) under torch.compile, data parallel (a one-GPU baseline)",
+    "torchscript": "original benchmark's TorchScript mode; parsed, reported unsupported",
+    "slapo-kernel": "Figure 9 '+ Kernel Opt': fused attention and bias+GeLU kernels",
+    "slapo-tp-attn-ffn": "Figure 9 '+ Attn/FFN TP': kernels + TP of attention and FFN",
+    "slapo-tp-full": "Figure 9 '+ Embedding TP': kernels + TP incl. the word embedding",
+}
+ZERO3_MODES = ("deepspeed", "slapo-deepspeed")  # micro-batch = batch / GPUs
+MEGATRON_CKPT = ("full", "selective")
+DTYPES = ("fp32", "fp16", "bf16")
+DEFAULT_LR = 1e-4
+DEFAULT_SEED = 1234
+RECORD_FIELDS = ("mode", "model", "gpus", "seq_len", "dec_seq_len", "batch_size", "batch_expr",
+                 "ckpt", "source", "line")
+
+
+class CaseError(ValueError):
+    """A case field that is out of range or malformed (the message names the field)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One benchmark case; ``batch_size`` is the global batch, ``steps`` count every step and
+    the first ``warmup`` of them are left out of the throughput."""
+
+    mode: str
+    model: str
+    gpus: int
+    seq_len: int
+    dec_seq_len: int
+    batch_size: int  # evaluated from batch_expr at n = gpus
+    batch_expr: str
+    ckpt: str | float | None  # megatron: "full" | "selective" | None; else ratio in [0, 1]
+    steps: int | None = None  # run settings: None until for_run
+    warmup: int | None = None
+    dtype: str = "fp32"
+    device: str = "cpu"
+    seed: int = DEFAULT_SEED
+    lr: float = DEFAULT_LR
+    no_dropout: bool = False
+    overrides: dict = dataclasses.field(default_factory=dict, hash=False)  # model config fields
+    # where the case was written; not part of what is measured
+    source: str = dataclasses.field(default="", compare=False)
+    line: int = dataclasses.field(default=0, compare=False)
+
+    @property
+    def ckpt_token(self) -> str:
+        """CKPT as written in a cfg file (``0`` for none, ``1`` for 1.0, ``0.67``, ``full``)."""
+        if self.ckpt is None:
+            return "0"
+        if isinstance(self.ckpt, str):
+            return self.ckpt
+        text = repr(float(self.ckpt))
+        return text[:-2] if text.endswith(".0") else text
+
+    @property
+    def id(self) -> str:
+        """Stable, filesystem-safe name, e.g. ``slapo-megatron__bert-xlarge__g2__s512__b56__c0``."""
+        parts = [self.mode, safe_name(self.model), f"g{self.gpus}", f"s{self.seq_len}"]
+        if self.dec_seq_len:
+            parts.append(f"d{self.dec_seq_len}")
+        parts += [f"b{self.batch_size}", f"c{self.ckpt_token}"]
+        return "__".join(parts)
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}"
+
+    def for_run(self, steps: int, warmup: int, dtype: str, device: str) -> "Case":
+        """The case as a job runs it: with run settings, the batch as its value (editing the
+        expression but not its value reruns nothing), and no source or line."""
+        return dataclasses.replace(self, steps=int(steps), warmup=int(warmup), dtype=dtype,
+                                   device=device, batch_expr=str(self.batch_size), source="",
+                                   line=0)
+
+    # -- encodings ---------------------------------------------------------------------
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        del data["source"], data["line"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Case":
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise CaseError(f"a case is a JSON object, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise CaseError(f"unknown case field(s): {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as err:
+            raise CaseError(str(err)) from None
+
+    def to_argv(self) -> list[str]:
+        """The ``slapo-bench run`` options of this case (:func:`add_arguments` reads them)."""
+        if self.steps is None or self.warmup is None:
+            raise CaseError(f"{self.id}: no run settings (steps, warm-up); use for_run")
+        argv = ["--mode", self.mode, "--model", self.model, "--gpus", str(self.gpus),
+                "--seq-len", str(self.seq_len), "--dec-seq-len", str(self.dec_seq_len),
+                "--batch-size", str(self.batch_size), "--ckpt", self.ckpt_token,
+                "--steps", str(self.steps), "--warmup", str(self.warmup),
+                "--dtype", self.dtype, "--device", self.device, "--seed", str(self.seed),
+                "--lr", repr(float(self.lr))]
+        if self.no_dropout:
+            argv.append("--no-dropout")
+        for key, value in self.overrides.items():
+            argv += ["--override", f"{key}={json.dumps(value)}"]
+        return argv
+
+    def to_record(self, case_id: str | None = None) -> dict:
+        """The record's ``case``: the cfg fields, where it was written, and its id."""
+        data = {name: getattr(self, name) for name in RECORD_FIELDS}
+        return {"id": case_id or self.id, **data}
+
+
+def safe_name(model: str) -> str:
+    """A model name usable in a file name: ``EleutherAI/gpt-neo-2.7B`` -> ``EleutherAI--gpt-neo-2.7B``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", model.replace("/", "--"))
+
+
+def parse_ckpt(mode: str, token: str) -> str | float | None:
+    """CKPT field -> ``Case.ckpt`` for ``mode``: ``megatron`` takes ``full``, ``selective`` or
+    ``0`` (none, stored as ``None``); every other mode a ratio of layers in [0, 1]."""
+    if mode == "megatron":
+        if token in MEGATRON_CKPT:
+            return token
+        if token in ("0", "0.0", "none"):
+            return None
+        raise CaseError(f"CKPT {token!r}: megatron takes 'full', 'selective' or 0 "
+                        "(write 'full' for the paper's 1)")
+    if token in MEGATRON_CKPT:
+        raise CaseError(f"CKPT {token!r} is a Megatron setting; {mode} takes a ratio in [0, 1]")
+    try:
+        ratio = float(token)
+    except ValueError:
+        raise CaseError(f"CKPT {token!r} is not a number (a ratio in [0, 1])") from None
+    if not 0.0 <= ratio <= 1.0:
+        raise CaseError(f"CKPT {token!r} is out of [0, 1]")
+    return ratio
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        import difflib
+
+        near = difflib.get_close_matches(mode, MODES, n=3)
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise CaseError(f"unknown mode {mode!r}{hint}; known: {', '.join(MODES)}")
+
+
+# -- argv ------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The case's options of ``slapo-bench run`` (what :meth:`Case.to_argv` writes)."""
+    parser.add_argument("--mode", required=True, help=f"one of: {', '.join(MODES)}")
+    parser.add_argument("--model", required=True, help="model name of configs/models")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs (ranks on a CPU machine)")
+    parser.add_argument("--seq-len", type=int, required=True)
+    parser.add_argument("--dec-seq-len", type=int, default=0)
+    parser.add_argument("--batch-size", required=True,
+                        help="global batch: an integer or an expression in n (the GPU count)")
+    parser.add_argument("--ckpt", default="0",
+                        help="megatron: full | selective | 0; others: ratio of layers in [0, 1]")
+    parser.add_argument("--steps", type=int, required=True, help="all steps, warm-up included")
+    parser.add_argument("--warmup", type=int, required=True,
+                        help="leading steps left out of the throughput")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32",
+                        help="fp32 (default; the only one on CPU), or 16-bit mixed precision "
+                             "on GPU")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help="weights and synthetic data (same on every rank)")
+    parser.add_argument("--lr", type=float, default=DEFAULT_LR, help="AdamW learning rate")
+    parser.add_argument("--no-dropout", action="store_true",
+                        help="switch every dropout off (for loss comparisons; the paper trains "
+                             "with the models' dropout)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="model config field (VALUE parsed as JSON when it can be)")
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise CaseError(f"--override {text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench run") -> Case:
+    """The :class:`Case` of parsed ``slapo-bench run`` options (``device`` resolved from
+    ``--device auto`` by the caller); :class:`CaseError` names the bad option."""
+    check_mode(args.mode)
+    if args.gpus < 1:
+        raise CaseError(f"--gpus must be at least 1, got {args.gpus}")
+    if args.seq_len < 1 or args.dec_seq_len < 0:
+        raise CaseError("--seq-len must be >= 1 and --dec-seq-len >= 0")
+    if args.warmup < 0 or args.steps <= args.warmup:
+        raise CaseError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) >= 0: "
+                        "steps count every step, warm-up ones included")
+    try:
+        batch = expr.batch_size(args.batch_size, args.gpus)
+    except expr.ExpressionError as err:
+        raise CaseError(f"--batch-size: {err}") from None
+    try:
+        ckpt = parse_ckpt(args.mode, args.ckpt)
+    except CaseError as err:
+        raise CaseError(f"--ckpt: {err}") from None
+    return Case(mode=args.mode, model=args.model, gpus=args.gpus, seq_len=args.seq_len,
+                dec_seq_len=args.dec_seq_len, batch_size=batch, batch_expr=args.batch_size,
+                ckpt=ckpt, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
+                device=device, seed=args.seed, lr=args.lr, no_dropout=args.no_dropout,
+                overrides=dict(parse_override(o) for o in args.override), source=source)

@@ -1,0 +1,137 @@
+"""Benchmark cases: the cfg file format, one case a line (REFERENCE.md).
+
+A line reads ``MODE MODEL GPUS SEQ_LEN DEC_SEQ_LEN BATCH_SIZE CKPT``; tokens are split like a
+shell does (:mod:`shlex`), so a batch expression with spaces is quoted. A ``#`` starts a
+comment (outside quotes); blank lines are skipped. One line gives one :class:`Case` per GPU
+count:
+
+- GPUS: one number, a comma list (``2,4,8``), or ``pow2`` (1, 2, 4, ... up to ``max_gpus``).
+- BATCH_SIZE: the *global* batch, an expression of the GPU count ``n`` (:mod:`slapo_ae.expr`).
+- CKPT: activation checkpointing. ``megatron``: ``full``, ``selective`` or ``0`` (none, stored
+  as ``None``). Every other mode: the fraction of layers checkpointed, a float in [0, 1]
+  (for ``deepspeed`` the paper's 1 means HF gradient checkpointing on).
+
+Modes (:data:`slapo_ae.case.MODES`) are the four systems of Figure 7, the original benchmark's ``eager`` and
+``torchscript``, the Slapo steps of the Figure 9 ablation on top of ``eager`` (Vanilla), and
+the HF baselines ``hf-sdpa`` and ``hf-compile`` a user would pick instead of Slapo.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from pathlib import Path
+
+from slapo_ae import expr as _expr
+from slapo_ae.case import ZERO3_MODES, Case, check_mode, parse_ckpt
+
+FIELDS = ("MODE", "MODEL", "GPUS", "SEQ_LEN", "DEC_SEQ_LEN", "BATCH_SIZE", "CKPT")
+
+
+class CfgError(ValueError):
+    """A malformed cfg file; ``errors`` lists each problem as ``file:line: message``."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        super().__init__("\n".join(self.errors))
+
+
+def expand_gpus(spec: str, max_gpus: int | None = None) -> list[int]:
+    """GPU counts of a GPUS field: ``"8"`` -> [8]; ``"2,4,8"`` -> [2, 4, 8];
+    ``"pow2"`` -> [1, 2, 4, ...] up to ``max_gpus`` (required then). Explicit counts are
+    kept as written, even above ``max_gpus``: skipping them is the caller's choice."""
+    spec = spec.strip()
+    if spec == "pow2":
+        if max_gpus is None:
+            raise ValueError("GPUS 'pow2' needs max_gpus (the GPUs present)")
+        if max_gpus < 1:
+            raise ValueError(f"max_gpus must be at least 1, got {max_gpus}")
+        return [2**i for i in range(max_gpus.bit_length()) if 2**i <= max_gpus]
+    counts = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not re.fullmatch(r"[0-9]+", item) or int(item) < 1:
+            raise ValueError(f"GPUS {spec!r}: {item!r} is not a positive integer (or use pow2)")
+        if int(item) in counts:
+            raise ValueError(f"GPUS {spec!r}: {item} is listed twice")
+        counts.append(int(item))
+    return counts
+
+
+def _int_field(name: str, token: str, minimum: int) -> int:
+    if not re.fullmatch(r"[0-9]+", token):
+        raise ValueError(f"{name} {token!r} is not an integer")
+    if int(token) < minimum:
+        raise ValueError(f"{name} {token!r} must be at least {minimum}")
+    return int(token)
+
+
+def _parse_line(tokens: list[str], source: str, lineno: int, max_gpus, known_models):
+    if len(tokens) != len(FIELDS):
+        raise ValueError(f"expected {len(FIELDS)} fields ({' '.join(FIELDS)}), "
+                         f"got {len(tokens)}: {tokens}")
+    mode, model, gpus, seq, dec, batch, ckpt = tokens
+    check_mode(mode)
+    if known_models is not None and model not in known_models:
+        near = difflib.get_close_matches(model, list(known_models), n=3, cutoff=0.5)
+        hint = f"; close matches: {', '.join(near)}" if near else ""
+        raise ValueError(f"unknown model {model!r}{hint}")
+    counts = expand_gpus(gpus, max_gpus)
+    seq_len = _int_field("SEQ_LEN", seq, 1)
+    dec_seq_len = _int_field("DEC_SEQ_LEN", dec, 0)
+    ckpt_value = parse_ckpt(mode, ckpt)
+    cases = []
+    for n in counts:
+        try:
+            batch_size = _expr.batch_size(batch, n)
+        except _expr.ExpressionError as err:
+            raise ValueError(f"BATCH_SIZE: {err}") from None
+        if mode in ZERO3_MODES and batch_size % n:
+            raise ValueError(f"BATCH_SIZE {batch!r} gives {batch_size} for {n} GPUs, not "
+                             f"divisible (ZeRO-3 micro-batch = batch / GPUs)")
+        cases.append(Case(mode=mode, model=model, gpus=n, seq_len=seq_len,
+                          dec_seq_len=dec_seq_len, batch_size=batch_size, batch_expr=batch,
+                          ckpt=ckpt_value, source=source, line=lineno))
+    return cases
+
+
+def parse_cfg_text(text: str, source: str = "<string>", max_gpus: int | None = None,
+                   known_models=None) -> list[Case]:
+    """Parse cfg text; raise one :class:`CfgError` listing every bad line as ``source:line``."""
+    cases, errors, seen = [], [], {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        try:
+            tokens = shlex.split(raw, comments=True)
+            if not tokens:
+                continue
+            line_cases = _parse_line(tokens, source, lineno, max_gpus, known_models)
+        except ValueError as err:
+            errors.append(f"{source}:{lineno}: {err}")
+            continue
+        for case in line_cases:
+            if case.id in seen:
+                errors.append(f"{source}:{lineno}: duplicate case {case.id} "
+                              f"(first at {source}:{seen[case.id]})")
+            else:
+                seen[case.id] = lineno
+                cases.append(case)
+    if errors:
+        raise CfgError(errors)
+    return cases
+
+
+def parse_cfg(path, max_gpus: int | None = None, known_models=None) -> list[Case]:
+    """Parse the cfg file at ``path`` into cases, in file order."""
+    path = Path(path)
+    return parse_cfg_text(path.read_text(), str(path), max_gpus, known_models)
+
+
+def to_cfg_line(case: Case) -> str:
+    """The cfg line that parses back to ``case`` (one GPU count; source and line aside)."""
+    batch = case.batch_expr
+    if shlex.quote(batch) != batch:
+        batch = f'"{batch}"'
+    return " ".join([case.mode, case.model, str(case.gpus), str(case.seq_len),
+                     str(case.dec_seq_len), batch, case.ckpt_token])

@@ -1,0 +1,52 @@
+"""The GPUs this process may use, found one way for the whole artifact, without torch.
+
+``CUDA_VISIBLE_DEVICES`` wins when set (empty or ``-1`` means none); otherwise the lines
+``GPU i: ...`` of ``nvidia-smi -L``; none when there is no ``nvidia-smi`` or it fails. The
+planner picks its profile from it, ``slapo-bench run --device auto`` its device, the
+launcher refuses a case that asks for more, and the case runner names the device in the
+records it writes itself. Inside a rank, torch describes the device it trains on
+(:func:`slapo_ae.record.device_info`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+SMI_TIMEOUT_S = 10.0
+
+
+def _smi(*args: str) -> list[str] | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, *args], capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.splitlines() if out.returncode == 0 else None
+
+
+def visible_gpus(env: dict | None = None) -> int:
+    """How many GPUs this process may use (see the module docstring)."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v for v in visible.split(",") if v.strip()]
+        return 0 if not ids or ids[0].strip() == "-1" else len(ids)
+    lines = _smi("-L")
+    return 0 if lines is None else sum(1 for line in lines if line.startswith("GPU "))
+
+
+def gpu_name(visible: str | None = None) -> str | None:
+    """The name of the first GPU of ``visible`` (a ``CUDA_VISIBLE_DEVICES`` value), or of the
+    machine's first GPU; None when ``nvidia-smi`` cannot tell."""
+    args = ["--query-gpu=name", "--format=csv,noheader"]
+    if visible:
+        args += ["-i", visible.split(",")[0]]
+    lines = _smi(*args)
+    return lines[0].strip() if lines else None
+
+
+if __name__ == "__main__":  # `python -m slapo_ae.gpus`: the count, e.g. for --resources gpus=N
+    print(visible_gpus())

@@ -1,0 +1,172 @@
+"""``slapo-bench``: the benchmark harness's command line (also ``python -m slapo_ae.harness.cli``).
+
+    slapo-bench cases CFG [--max-gpus N] [--format text|json]
+    slapo-bench run --mode M --model NAME --gpus N --seq-len S [--dec-seq-len D]
+                    --batch-size B [--ckpt C] --steps K --warmup W [--dtype fp32|fp16|bf16]
+                    --out PATH.json [--log PATH] [--timeout S] [--case-id ID] [--device ...]
+                    [--seed N] [--lr X] [--no-dropout] [--override KEY=VALUE ...]
+                    [--cores C] [--profile DIR]
+
+``cases`` expands a cfg file into its cases, or exits 2 with ``file:line: message`` lines.
+``run`` runs one case on N ranks and writes its record; it exits 0 whenever a record was
+written (whatever its status), 2 on a usage error (no record), 128+signal when interrupted.
+See docs/harness.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from slapo_ae import case as _case
+from slapo_ae import cfg as _cfg
+from slapo_ae.harness.runspec import RunSpec, default_timeout
+from slapo_ae.harness.threads import default_cores
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _known_models() -> list[str]:
+    from slapo_ae.zoo.configs import list_models
+
+    return list_models()
+
+
+# -- cases ------------------------------------------------------------------------------
+def cmd_cases(args) -> int:
+    try:
+        found = _cfg.parse_cfg(args.cfg, max_gpus=args.max_gpus,
+                                 known_models=None if args.no_model_check else _known_models())
+    except _cfg.CfgError as err:
+        for line in err.errors:
+            print(line, file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as err:
+        print(f"{args.cfg}: cannot read: {err.strerror or err}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.format == "json":
+        json.dump([case.to_record() for case in found], sys.stdout, indent=2)
+        print()
+    else:
+        for case in found:
+            print(f"{case.id}\t{_cfg.to_cfg_line(case)}\t# {case.where}")
+    return 0
+
+
+# -- run --------------------------------------------------------------------------------
+def _resolve_device(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    from slapo_ae import gpus
+
+    return "cuda" if gpus.visible_gpus() else "cpu"
+
+
+def spec_from_args(args) -> RunSpec:
+    """Validate the ``run`` options into a :class:`RunSpec` (``UsageError`` on bad input)."""
+    from slapo_ae.zoo import configs
+
+    try:
+        case = _case.from_args(args, _resolve_device(args.device))
+        configs.load_config(case.model)
+    except _case.CaseError as err:
+        raise UsageError(str(err)) from None
+    except KeyError as err:
+        raise UsageError(err.args[0]) from None
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if case.overrides:
+        from slapo_ae.zoo import hf_config
+
+        try:
+            hf_config(case.model, **case.overrides)
+        except TypeError as err:
+            raise UsageError(f"--override: {err}") from None
+    out = Path(args.out)
+    timeout = (args.timeout if args.timeout is not None
+               else default_timeout(case.device, case.steps))
+    if timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {timeout}")
+    cores = args.cores if args.cores is not None else default_cores(case.device, case.gpus)
+    if cores < 1:
+        raise UsageError(f"--cores must be at least 1, got {cores}")
+    return RunSpec(case=case, out=str(out), log=args.log or str(out.with_suffix(".log")),
+                   timeout=float(timeout), case_id=args.case_id, cores=cores,
+                   profile_dir=args.profile)
+
+
+def cmd_run(args) -> int:
+    from slapo_ae.harness import launch
+
+    try:
+        spec = spec_from_args(args)
+    except UsageError as err:
+        print(f"slapo-bench run: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        record = launch.run(spec)
+    except Exception as err:  # the harness's own bug or environment: still leave a record
+        import traceback
+
+        from slapo_ae.record import write_record
+
+        traceback.print_exc()
+        record = spec.non_ok_record("failed", f"harness error: {type(err).__name__}: {err}\n"
+                                              f"{traceback.format_exc()}")
+        write_record(record, spec.out)
+    if not args.quiet:
+        m = record.metrics
+        what = (f"{m.samples_per_s:.3f} samples/s" if record.status == "ok"
+                else record.reason.splitlines()[0] if record.reason else "")
+        print(f"{record.id}: {record.status}: {what} -> {spec.out}")
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slapo-bench", description="Slapo artifact-evaluation benchmark harness")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("cases", help="expand a cfg file into its cases")
+    p.add_argument("cfg", help="cfg file, one case a line (MODE MODEL GPUS SEQ_LEN DEC_SEQ_LEN "
+                               "BATCH_SIZE CKPT)")
+    p.add_argument("--max-gpus", type=int, default=None,
+                   help="GPUs present: bounds 'pow2' (required when a line uses it)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--no-model-check", action="store_true",
+                   help="do not check model names against configs/models")
+    p.set_defaults(func=cmd_cases)
+
+    p = sub.add_parser("run", help="run one case on N ranks and write its record")
+    _case.add_arguments(p)
+    p.add_argument("--out", required=True, help="record path (.json), written atomically")
+    p.add_argument("--log", default=None, help="log of all ranks (default: OUT with .log)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds before the ranks are killed (default: 1800 on GPU, "
+                        "600 + 120 per step on CPU)")
+    p.add_argument("--case-id", default=None, help="the id stored in the record's case")
+    p.add_argument("--cores", type=int, default=None,
+                   help="CPU cores the case holds; each of its ranks runs max(1, CORES // "
+                        "ranks) threads, whatever OMP_NUM_THREADS says (default: one per rank "
+                        "on CPU, where a rank stands for a GPU; all available on CUDA)")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="profile the timed steps with torch.profiler: each rank writes its "
+                        "operator table and trace to DIR (slows the run; the record says so)")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

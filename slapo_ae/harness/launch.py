@@ -1,0 +1,199 @@
+"""The parent side of a harness run: launch the ranks with torchrun, supervise, and make sure
+exactly one record results.
+
+    record = launch.run(spec)
+
+1. The system's cheap check runs here first; an ``unsupported`` case (torchscript, a model the
+   system lacks, 16-bit on CPU, more GPUs than visible) is recorded without launching.
+2. ``python -m torch.distributed.run --standalone --nproc_per_node N -m slapo_ae.harness.worker
+   --spec JSON`` runs in a session of its own, stdout and stderr to the log file.
+3. The parent waits up to ``spec.timeout`` seconds; past it, it kills torchrun and its ranks
+   (SIGTERM, then SIGKILL) and records ``failed`` with reason ``timeout``. torchrun gets
+   SIGTERM if the parent dies, and each rank SIGKILL if torchrun dies, so no launch outlives
+   the harness.
+4. If rank 0 wrote the record of this launch (its ``metrics.extra.run_id`` matches), that is
+   the result. Otherwise the parent writes one from the ranks' status files and the exit
+   code: ``oom`` if a rank ran out of memory, else ``failed``. The reason's first line says
+   what happened; the failing rank's traceback and the tail of the log follow it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from slapo_ae import gpus, paths
+from slapo_ae.harness.runspec import RunSpec
+from slapo_ae.harness.supervise import Interrupted, supervise
+from slapo_ae.harness.threads import thread_env
+from slapo_ae.record import Record, RecordError, read_record, write_record
+
+LOG_TAIL_LINES = 20
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
+def worker_env(spec: RunSpec) -> dict:
+    """The ranks' environment: offline, the case's thread budget whatever the caller's
+    environment holds (:mod:`slapo_ae.harness.threads`), and DeepSpeed's extension cache in
+    ``.cache/torch_extensions`` of the checkout unless ``TORCH_EXTENSIONS_DIR`` is set."""
+    env = dict(os.environ)
+    for key, value in OFFLINE_ENV.items():
+        env.setdefault(key, value)
+    env.update(thread_env(spec.thread_budget()))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(paths.TORCH_EXTENSIONS))
+    return env
+
+
+def torchrun_command(spec: RunSpec) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(spec.case.gpus), "-m", "slapo_ae.harness.worker",
+            "--spec", spec.to_json()]
+
+
+def log_tail(path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def last_progress(path) -> str | None:
+    """The last progress line a rank printed (``[slapo-bench rank R] ...``), if any."""
+    lines = [line for line in log_tail(path, 10_000).splitlines()
+             if line.startswith("[slapo-bench rank")]
+    return lines[-1] if lines else None
+
+
+def _read_rank_files(rundir: Path) -> list[dict]:
+    import json
+
+    found = []
+    for path in sorted(rundir.glob("rank*.json")):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(found, key=lambda r: r.get("time", 0))
+
+
+def _own_record(spec: RunSpec) -> Record | None:
+    """The record at ``spec.out`` if rank 0 of this launch wrote it."""
+    if not Path(spec.out).exists():
+        return None
+    try:
+        record = read_record(spec.out)
+    except RecordError:
+        return None
+    return record if record.metrics.extra.get("run_id") == spec.run_id else None
+
+
+def _exit_text(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+def conclude(spec: RunSpec, rc: int | None, timed_out: bool, rundir: Path) -> Record:
+    """The record of a finished (or killed) launch: rank 0's own, or one made here."""
+    own = _own_record(spec)
+    if own is not None:
+        return own
+    ranks = _read_rank_files(rundir)
+    tail = log_tail(spec.log) if spec.log else ""
+    rank_status = {str(r["rank"]): r["status"] for r in ranks}
+    first_failure = next((r for r in ranks if r["status"] in ("oom", "failed")), None)
+    if timed_out:
+        status = "failed"
+        head = (f"timeout: killed after {spec.timeout:g} s (a hung collective, or a run slower "
+                f"than --timeout)")
+        progress = last_progress(spec.log) if spec.log else None
+        head += f"; last progress: {progress}" if progress else "; no rank reported progress"
+    else:
+        ooms = [r for r in ranks if r["status"] == "oom"]
+        failed = [r for r in ranks if r["status"] == "failed"]
+        if ooms:
+            status, head = "oom", f"out of memory: {ooms[0]['reason']}"
+        elif failed:
+            status, head = "failed", f"{failed[0]['reason']} (torchrun {_exit_text(rc)})"
+        else:
+            status = "failed"
+            head = f"torchrun {_exit_text(rc)} before a record was written"
+    reason = head
+    if first_failure and first_failure.get("traceback") and not timed_out:
+        reason += f"\n--- rank {first_failure['rank']} traceback ---\n{first_failure['traceback']}"
+    if tail:
+        reason += f"\n--- log tail ({spec.log}) ---\n{tail}"
+    return spec.non_ok_record(status, reason, exit_code=rc, timed_out=timed_out,
+                         rank_status=rank_status)
+
+
+def launch(spec: RunSpec) -> Record:
+    """Run the ranks of ``spec`` and return the record (written to ``spec.out``)."""
+    spec.run_id = spec.run_id or uuid.uuid4().hex
+    log_path = Path(spec.log)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    rundir = Path(tempfile.mkdtemp(prefix="slapo-bench-"))
+    spec.rundir = str(rundir)
+    try:
+        with open(log_path, "w") as log:
+            spec.launch_time = time.time()
+            cmd = torchrun_command(spec)
+            log.write(f"# slapo-bench: {spec.case_dict()['id']} (run {spec.run_id})\n"
+                      f"# {' '.join(cmd[:7])} ... (timeout {spec.timeout:g} s)\n")
+            log.flush()
+            try:
+                outcome = supervise(cmd, timeout=spec.timeout, env=worker_env(spec), stdout=log)
+            except Interrupted as err:  # the job was cancelled: the ranks are stopped
+                raise SystemExit(128 + err.signum) from None
+            rc, timed_out = outcome.returncode, outcome.timed_out
+            log.write(f"# slapo-bench: torchrun {_exit_text(rc) if rc is not None else 'killed'}"
+                      f"{' after the timeout' if timed_out else ''}\n")
+        record = conclude(spec, rc, timed_out, rundir)
+        if _own_record(spec) is None:
+            write_record(record, spec.out)
+        return record
+    finally:
+        for path in rundir.glob("*"):
+            path.unlink(missing_ok=True)
+        rundir.rmdir()
+
+
+def run(spec: RunSpec) -> Record:
+    """Check ``spec`` against its system, then launch it; always returns the written record."""
+    from slapo_ae.harness.systems import Unsupported, get_system
+
+    spec.run_id = spec.run_id or uuid.uuid4().hex
+    reason = None
+    if spec.case.device == "cuda":
+        visible = gpus.visible_gpus()
+        if spec.case.gpus > visible:
+            reason = f"needs {spec.case.gpus} GPUs, {visible} visible"
+    if reason is None:
+        try:
+            get_system(spec.case.mode).check(spec)
+        except Unsupported as err:
+            reason = str(err)
+    if reason is not None:
+        spec.launch_time = time.time()
+        record = spec.non_ok_record("unsupported", reason)
+        if spec.log:
+            Path(spec.log).parent.mkdir(parents=True, exist_ok=True)
+            Path(spec.log).write_text(f"# slapo-bench: {spec.case_dict()['id']}: unsupported, "
+                                      f"not launched: {reason}\n")
+        write_record(record, spec.out)
+        return record
+    return launch(spec)

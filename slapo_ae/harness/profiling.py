@@ -1,0 +1,82 @@
+"""``slapo-bench run --profile DIR``: torch.profiler over the timed steps of every rank.
+
+Each rank writes ``DIR/rank<R>.txt`` (its operators by self time, CPU and, on CUDA, device),
+``DIR/rank<R>.ops.json`` (every operator's calls and self time, and the steps profiled: what
+:mod:`slapo_ae.analysis.gaps` compares) and ``DIR/rank<R>.trace.json`` (a Chrome trace, for
+``chrome://tracing`` or Perfetto), and returns a short summary that goes into the record
+(``metrics.extra.profile``): the profiled wall time, the self time of collectives and of the
+top operators. Warm-up steps are not profiled. Profiling slows the steps it watches, so a
+profiled record's throughput is not comparable with an unprofiled one; the record's notes say
+so.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+# Operator names of collectives and their waits: c10d ops, gloo/NCCL kernels, the autograd
+# wrappers of Slapo's sharding ops (_AllReduceForward, ...) and of megatron-core's
+# (_ReduceFromModelParallelRegion, LinearWithGradAccumulationAndAsyncCommunication...).
+COLLECTIVE = re.compile(r"c10d::|gloo|nccl|record_param_comms|all_?reduce|all_?gather|"
+                        r"reduce_?scatter|alltoall|ModelParallelRegion|Communication",
+                        re.IGNORECASE)
+TOP_OPS = 15
+TABLE_ROWS = 60
+
+
+class StepProfiler:
+    """Profile from step ``start`` (the first timed step) to the end of training."""
+
+    def __init__(self, out_dir: str | None, rank: int, start: int, cuda: bool):
+        self.out_dir, self.rank, self.start, self.cuda = out_dir, rank, start, cuda
+        self.prof = None
+        self.began = None
+        self.steps = 0  # steps profiled so far
+
+    def step_starting(self, step: int) -> None:
+        if self.out_dir is None or step != self.start:
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self.prof = profile(activities=activities)
+        self.prof.__enter__()
+        self.began = time.perf_counter()
+
+    def step_finished(self) -> None:
+        if self.prof is not None:
+            self.steps += 1
+
+    def finish(self) -> dict | None:
+        """Stop, write this rank's table and trace, return its summary (None if off)."""
+        if self.prof is None:
+            return None
+        self.prof.__exit__(None, None, None)
+        wall_us = (time.perf_counter() - self.began) * 1e6
+        out = Path(self.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        averages = self.prof.key_averages()
+        sort = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
+        (out / f"rank{self.rank}.txt").write_text(averages.table(sort_by=sort,
+                                                                  row_limit=TABLE_ROWS))
+        self.prof.export_chrome_trace(str(out / f"rank{self.rank}.trace.json"))
+        ops = {e.key: {"calls": e.count, "self_cpu_us": e.self_cpu_time_total}
+               for e in averages}
+        (out / f"rank{self.rank}.ops.json").write_text(json.dumps(
+            {"steps": self.steps, "wall_us": wall_us, "ops": ops}, indent=1))
+        return summarize(averages, wall_us)
+
+
+def summarize(averages, wall_us: float) -> dict:
+    """Profiled wall time, collectives' self CPU time, and the top operators (microseconds)."""
+    rows = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
+    collective = sum(e.self_cpu_time_total for e in rows if COLLECTIVE.search(e.key))
+    return {
+        "wall_us": round(wall_us),
+        "self_cpu_us": round(sum(e.self_cpu_time_total for e in rows)),
+        "collective_self_cpu_us": round(collective),
+        "top_ops": [{"op": e.key, "calls": e.count, "self_cpu_us": round(e.self_cpu_time_total)}
+                    for e in rows[:TOP_OPS]],
+    }

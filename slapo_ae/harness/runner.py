@@ -1,0 +1,223 @@
+"""The workflow's case runner: run one case through the harness CLI; one record results.
+
+    python -m slapo_ae.harness.runner --case JSON --timeout S --out REC.json \\
+        --log CASE.log [--harness "python -m slapo_ae.harness.cli"] [--slots-dir D --slots-total T]
+
+``--case`` is the case with its run settings (:meth:`slapo_ae.case.Case.to_json`, the job's
+params), ``--timeout`` its time limit in seconds. GPU slots come from ``--slots-dir`` and
+``--slots-total`` or the environment the workflow sets (``SLAPO_GPU_SLOTS_DIR``,
+``SLAPO_GPU_SLOTS_TOTAL``). The runner
+
+1. on CUDA, takes the case's GPUs from the slot allocator (:mod:`.gpu_slots`) and sets
+   ``CUDA_VISIBLE_DEVICES``; a case needing more GPUs than the machine has is recorded as
+   ``unsupported`` without running; on CPU it hides CUDA (``CUDA_VISIBLE_DEVICES=""``);
+2. runs ``<harness> run --mode ... --cores C --out REC.json --log CASE.log`` with the
+   offline environment, in its own process group, under a hard timeout (the case's timeout
+   plus ``--grace``, default :data:`GRACE_S`); ``--cores`` (the rule's ``rank_cores``: one
+   per rank on CPU) is what the harness shares among the case's ranks, whatever
+   ``OMP_NUM_THREADS`` the job inherited;
+3. if the harness left no valid record (it crashed, was killed, timed out), writes a
+   ``failed`` record itself, with the reason and the log path: failures are data, and a
+   failing case never stops the figures of the others.
+
+If the runner itself is interrupted (SIGINT/SIGTERM/SIGHUP, e.g. Snakemake being stopped), it
+stops the harness and exits without writing a record, so the case reruns next time. Records
+are only ever written atomically (:func:`slapo_ae.record.write_record`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from slapo_ae import gpus, paths
+from slapo_ae.case import Case, CaseError
+from slapo_ae.harness.gpu_slots import GpuSlots
+from slapo_ae.harness.launch import OFFLINE_ENV as HARNESS_OFFLINE_ENV
+from slapo_ae.harness.supervise import Interrupted, supervise
+from slapo_ae.record import RecordError, collect_env, non_ok, now, read_record, write_record
+
+GRACE_S = 120  # the hard timeout is the case's timeout plus this
+DEFAULT_HARNESS = "python -m slapo_ae.harness.cli"
+# The harness's own environment (offline), and no DeepSpeed op builds.
+OFFLINE_ENV = {**HARNESS_OFFLINE_ENV, "DS_BUILD_OPS": "0"}
+
+
+def harness_command(harness: str, case: Case, timeout: float, out: str, log: str,
+                    cores: int | None = None) -> list[str]:
+    """The harness CLI call for ``case`` (``slapo-bench run`` contract); ``cores``: the CPU
+    cores the case's ranks share (None: the harness's default,
+    :func:`slapo_ae.harness.threads.default_cores`)."""
+    cmd = shlex.split(harness)
+    if cmd and cmd[0] in ("python", "python3"):
+        cmd[0] = sys.executable
+    return cmd + ["run", *case.to_argv(), "--timeout", f"{timeout:g}",
+                  *(["--cores", str(cores)] if cores else []), "--out", out, "--log", log]
+
+
+def _device(case: Case, visible: str | None) -> dict:
+    if case.device != "cuda":
+        return {"device_name": f"cpu ({platform.machine()})", "device_count": 0, "cuda": None}
+    return {"device_name": gpus.gpu_name(visible) or "cuda (unknown)",
+            "device_count": case.gpus, "cuda": None}
+
+
+def write_own_record(case: Case, out: str, log: str, status: str, reason: str,
+                     visible: str | None = None, started: str | None = None) -> None:
+    write_record(non_ok(case.to_record(), status, reason, log_path=log, started_at=started,
+                        env=collect_env(_device(case, visible)),
+                        extra={"recorded_by": "slapo_ae.harness.runner"}), out)
+
+
+def _valid_record(out: str) -> bool:
+    if not Path(out).is_file():
+        return False
+    try:
+        read_record(out)
+    except RecordError:
+        return False
+    return True
+
+
+class _Notes:
+    """The runner's own log lines, and the harness's stdout/stderr (kept in a temporary
+    file). The harness writes the case log itself (``--log``, truncating it), so both are
+    appended to that log once the harness has exited."""
+
+    def __init__(self, log: str):
+        self.log = log
+        self.lines = []
+        self.output = tempfile.TemporaryFile(mode="w+")
+
+    def __call__(self, text: str) -> None:
+        self.lines.append(f"[runner {now()}] {text}")
+
+    def flush(self) -> None:
+        self.output.seek(0)
+        captured = self.output.read()
+        with open(self.log, "a") as handle:
+            handle.write("\n# --- slapo_ae.harness.runner ---\n")
+            handle.write("\n".join(self.lines) + "\n")
+            if captured.strip():
+                handle.write("# --- harness stdout/stderr ---\n" + captured)
+                if not captured.endswith("\n"):
+                    handle.write("\n")
+        self.lines = []
+        self.output.close()
+
+
+def run(case: Case, timeout: float, out: str, log: str, harness: str = DEFAULT_HARNESS,
+        slots_dir: str | None = None, slots_total: int | None = None,
+        grace: float = GRACE_S, cores: int | None = None) -> int:
+    """Run the case; returns 0 once a record is at ``out`` (see the module docstring)."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).unlink(missing_ok=True)  # only a record of this run counts
+    Path(log).write_text("")
+    note = _Notes(log)
+    try:
+        return _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores, note)
+    finally:
+        note.flush()
+
+
+def harness_env() -> dict:
+    """The harness's environment: this one, offline, DeepSpeed's extension cache in
+    ``.cache/torch_extensions`` unless set, and this checkout first on ``PYTHONPATH``."""
+    env = dict(os.environ)
+    for key, value in OFFLINE_ENV.items():
+        env.setdefault(key, value)
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(paths.TORCH_EXTENSIONS))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    return env
+
+
+def _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores, note) -> int:
+    started = now()
+    env = harness_env()
+    note(f"case {case.id}: {case.to_json()}")
+    alloc = None
+    if case.device == "cuda" and slots_total is not None and slots_dir:
+        slots = GpuSlots(slots_dir, slots_total, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if case.gpus > slots_total:
+            reason = f"needs {case.gpus} GPUs, this machine offers {slots_total}"
+            note(f"unsupported: {reason}")
+            write_own_record(case, out, log, "unsupported", reason, started=started)
+            return 0
+        t0 = time.monotonic()
+        alloc = slots.acquire(case.gpus)
+        note(f"GPU slots {alloc.slots} of {slots_total} in {slots_dir} "
+             f"(waited {time.monotonic() - t0:.1f} s)")
+        env["CUDA_VISIBLE_DEVICES"] = alloc.visible_devices
+    elif case.device != "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    cmd = harness_command(harness, case, timeout, out, log, cores)
+    note(f"CUDA_VISIBLE_DEVICES={visible!r}; running: {shlex.join(cmd)}")
+    try:
+        outcome = supervise(cmd, timeout=timeout + grace, env=env, stdout=note.output,
+                            pass_fds=tuple(alloc.fds) if alloc else ())
+    except Interrupted as err:
+        note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
+        return 128 + err.signum
+    finally:
+        if alloc is not None:
+            alloc.release()
+    rc = outcome.returncode
+    if outcome.timed_out:
+        reason = (f"killed after {outcome.seconds:.0f} s: over the case's timeout "
+                  f"({timeout:g} s) plus {grace:g} s")
+    elif rc is not None and rc < 0:
+        reason = f"the harness was killed by signal {-rc} and wrote no valid record"
+    else:
+        reason = f"the harness exited with code {rc} and wrote no valid record"
+    if _valid_record(out):
+        note(f"done: record at {out} (harness exit code {rc})")
+        return 0
+    note(f"failed: {reason}")
+    write_own_record(case, out, log, "failed", f"{reason}; see {log}", visible, started)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Run one benchmark case; always leaves a record.")
+    parser.add_argument("--case", required=True,
+                        help="the case with its run settings, JSON (Case.to_json)")
+    parser.add_argument("--out", required=True, help="the record, JSON")
+    parser.add_argument("--log", required=True, help="the case's log")
+    parser.add_argument("--harness", default=DEFAULT_HARNESS,
+                        help="command of the harness CLI (default: %(default)s)")
+    add_slot_args(parser)
+    parser.add_argument("--timeout", type=float, required=True,
+                        help="seconds the harness may run the case")
+    parser.add_argument("--grace", type=float, default=GRACE_S,
+                        help="seconds past the case's timeout before the harness is killed")
+    parser.add_argument("--cores", type=int, default=None,
+                        help="CPU cores the case's ranks share (the rule passes its "
+                             "rank_cores resource; default: the harness's)")
+    args = parser.parse_args(argv)
+    try:
+        case = Case.from_json(args.case)
+    except (CaseError, ValueError) as err:
+        parser.error(f"--case: {err}")
+    return run(case, args.timeout, args.out, args.log, args.harness, args.slots_dir,
+               args.slots_total, args.grace, args.cores)
+
+
+def add_slot_args(parser) -> None:
+    """``--slots-dir`` / ``--slots-total``, defaulting to the environment the workflow sets
+    (``export_slots`` of the workflow's planner)."""
+    total = os.environ.get("SLAPO_GPU_SLOTS_TOTAL")
+    parser.add_argument("--slots-dir", default=os.environ.get("SLAPO_GPU_SLOTS_DIR"),
+                        help="GPU slot lock folder (CUDA only; default $SLAPO_GPU_SLOTS_DIR)")
+    parser.add_argument("--slots-total", type=int, default=int(total) if total else None,
+                        help="GPUs on this machine (default $SLAPO_GPU_SLOTS_TOTAL)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

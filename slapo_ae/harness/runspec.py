@@ -1,0 +1,78 @@
+"""One harness run: a :class:`~slapo_ae.case.Case` and where and how to run it, passed from the
+parent to the ranks.
+
+The parent (``slapo-bench run``) builds a :class:`RunSpec` from its command line, checks it,
+and hands it to every rank as one JSON argument (``python -m slapo_ae.harness.worker --spec
+JSON``). The module imports neither torch nor a model library.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from slapo_ae.case import Case
+from slapo_ae.harness.threads import ThreadBudget, default_cores
+
+TIMEOUT_GPU_S = 1800
+TIMEOUT_CPU_BASE_S = 600
+TIMEOUT_CPU_PER_STEP_S = 120
+
+
+def default_timeout(device: str, steps: int) -> int:
+    """Seconds after which a run is killed: 1800 on CUDA; on CPU 600 + 120 per step (launch
+    and model build, then a generous bound on each step of a CPU-sized model)."""
+    if device == "cuda":
+        return TIMEOUT_GPU_S
+    return TIMEOUT_CPU_BASE_S + TIMEOUT_CPU_PER_STEP_S * steps
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """A case (with its run settings) and how this launch runs it."""
+
+    case: Case
+    out: str
+    log: str | None = None
+    timeout: float | None = None
+    case_id: str | None = None  # the record's case id, if not the case's own (--case-id)
+    cores: int | None = None  # CPU cores the case holds, shared by its ranks (threads.py)
+    profile_dir: str | None = None  # where each rank writes its torch.profiler tables
+    run_id: str = ""  # ties the record rank 0 writes to this launch
+    launch_time: float | None = None  # parent's time.time() just before starting torchrun
+    rundir: str | None = None  # where ranks leave their status files
+
+    def case_dict(self) -> dict:
+        """The record's ``case``."""
+        return self.case.to_record(self.case_id)
+
+    def non_ok_record(self, status: str, reason: str, **extra):
+        """A record of this launch that measured nothing (:func:`slapo_ae.record.non_ok`)."""
+        from slapo_ae.record import collect_env, non_ok
+
+        return non_ok(self.case_dict(), status, reason, log_path=self.log,
+                      started_at=_iso(self.launch_time),
+                      env={**collect_env(), **self.thread_budget().as_env_record()},
+                      extra={"run_id": self.run_id, "dtype": self.case.dtype,
+                             "device": self.case.device, **extra})
+
+    def thread_budget(self) -> ThreadBudget:
+        """How the case's cores are shared by its ranks (:mod:`slapo_ae.harness.threads`)."""
+        case = self.case
+        return ThreadBudget.for_case(self.cores or default_cores(case.device, case.gpus),
+                                     case.gpus)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        data = json.loads(text)
+        return cls(**{**data, "case": Case(**data["case"])})
+
+
+def _iso(t: float | None) -> str | None:
+    import datetime as dt
+
+    if t is None:
+        return None
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,218 @@
+"""The interface every system (mode) of the harness implements, and shared training pieces.
+
+A system turns a :class:`~slapo_ae.harness.runspec.RunSpec` into a model and an optimizer on this
+rank and trains it one step at a time:
+
+    system = SYSTEM_CLASS(spec, ctx)     # ctx: this rank's place (DistContext)
+    SYSTEM_CLASS.check(spec)             # cheap: raises Unsupported (parent and ranks call it)
+    system.setup()                       # build model + optimizer (may raise Unsupported)
+    loss = system.train_step(batch)      # batch: this rank's slice of the global batch
+    system.params_on_rank()
+
+``dp_size``/``dp_rank`` say how the global batch is split: data-parallel systems (eager,
+ZeRO-3) give each rank ``batch / dp_size`` samples; tensor-parallel ones (Megatron, Slapo-TP)
+have ``dp_size == 1`` and every rank sees the whole batch. ``train_step`` returns this rank's
+loss (a detached 0-dim tensor; the harness averages it over ranks after timing).
+
+Precision: fp32 everywhere on CPU (16-bit is refused as unsupported there). On CUDA the
+torch-native loops (:class:`NativeTrainer`) keep fp32 parameters (the master weights) and run
+the step under ``torch.autocast`` in fp16 (with a ``GradScaler``) or bf16; DeepSpeed systems
+use DeepSpeed's own fp16/bf16 settings, which also keep fp32 master weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+
+class Unsupported(Exception):
+    """This case cannot run under this system (the record's status becomes ``unsupported``)."""
+
+
+@dataclasses.dataclass
+class DistContext:
+    """This rank's place: global rank and size, local rank, the device it computes on."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def check_common(spec) -> None:
+    """Checks every system shares: 16-bit precision is a GPU setting here."""
+    if spec.case.device == "cpu" and spec.case.dtype != "fp32":
+        raise Unsupported(f"{spec.case.dtype} on CPU: CPU runs train in fp32 only "
+                          "(mixed precision is a GPU setting in this harness)")
+
+
+class System:
+    """Base class of the systems; see the module docstring for the protocol."""
+
+    mode: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def __init__(self, spec, ctx: DistContext):
+        self.spec = spec
+        self.ctx = ctx
+        self.notes: list[str] = []  # facts a reader of the record should know
+        self.model = None
+
+    # -- before anything runs ----------------------------------------------------------
+    @classmethod
+    def check(cls, spec) -> None:
+        """Raise :class:`Unsupported` if this system cannot run ``spec`` (no torch work)."""
+        check_common(spec)
+
+    # -- how the global batch is split --------------------------------------------------
+    @property
+    def dp_size(self) -> int:
+        return self.ctx.world_size
+
+    @property
+    def dp_rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def tp_size(self) -> int:
+        return 1
+
+    def micro_batch(self) -> int:
+        if self.spec.case.batch_size % self.dp_size:
+            raise Unsupported(f"global batch {self.spec.case.batch_size} is not divisible by "
+                              f"{self.dp_size} data-parallel ranks")
+        return self.spec.case.batch_size // self.dp_size
+
+    # -- the work -----------------------------------------------------------------------
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def train_step(self, batch: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def params_on_rank(self) -> int:
+        """Parameter elements this rank holds (its shards under TP or ZeRO-3)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    def info(self) -> dict:
+        return {"dp_size": self.dp_size, "tp_size": self.tp_size,
+                "micro_batch": self.spec.case.batch_size // self.dp_size}
+
+
+class NativeTrainer(System):
+    """A torch-native training step: AdamW over fp32 parameters, autocast on CUDA in 16-bit,
+    a GradScaler for fp16. Subclasses set ``self.model`` in ``setup`` (then call
+    :meth:`make_optimizer`) and implement :meth:`forward_loss`."""
+
+    def make_optimizer(self, params=None) -> None:
+        params = list(self.model.parameters() if params is None else params)
+        self.optimizer = torch.optim.AdamW(params, lr=self.spec.case.lr)
+        self.autocast_dtype = None
+        self.scaler = None
+        if self.ctx.device.type == "cuda" and self.spec.case.dtype != "fp32":
+            self.autocast_dtype = TORCH_DTYPES[self.spec.case.dtype]
+            if self.spec.case.dtype == "fp16":
+                self.scaler = torch.amp.GradScaler("cuda")
+
+    def forward_loss(self, batch: dict) -> torch.Tensor:
+        return self.model(**batch).loss
+
+    def model_parallel_group(self):
+        """Group whose ranks hold shards of one model (fp16: they must agree on skipping a
+        step when any shard's gradients overflow). None when parameters are not sharded."""
+        if self.tp_size > 1 and dist.is_initialized():
+            return dist.group.WORLD
+        return None
+
+    def train_step(self, batch: dict) -> torch.Tensor:
+        if self.autocast_dtype is not None:
+            with torch.autocast(device_type=self.ctx.device.type, dtype=self.autocast_dtype):
+                loss = self.forward_loss(batch)
+        else:
+            loss = self.forward_loss(batch)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+            group = self.model_parallel_group()
+            if group is not None:
+                # found_inf is per rank; a shard that overflowed must skip the step everywhere
+                for found in self.scaler._found_inf_per_device(self.optimizer).values():
+                    dist.all_reduce(found, op=dist.ReduceOp.MAX, group=group)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach().float()
+
+
+class TensorParallelTrainer(NativeTrainer):
+    """A native trainer with tensor parallelism over all ranks: no data parallelism, so
+    every rank sees the whole global batch."""
+
+    @property
+    def dp_size(self) -> int:
+        return 1
+
+    @property
+    def dp_rank(self) -> int:
+        return 0
+
+    @property
+    def tp_size(self) -> int:
+        return self.ctx.world_size
+
+
+def hf_overrides(spec) -> dict:
+    """Model config overrides of a run: dropout off with ``--no-dropout``, then ``--override``."""
+    from slapo_ae.zoo import no_dropout
+
+    overrides = dict(no_dropout(spec.case.model)) if spec.case.no_dropout else {}
+    overrides.update(spec.case.overrides)
+    return overrides
+
+
+def build_hf_model(spec, device, attn_implementation: str = "eager") -> torch.nn.Module:
+    """The zoo model of ``spec`` with the run's seed and fp32 parameters; HF eager attention
+    by default (the model "as is", as the paper's baselines ran it)."""
+    from slapo_ae.zoo import build_model
+
+    return build_model(spec.case.model, device=device, dtype=torch.float32, seed=spec.case.seed,
+                       attn_implementation=attn_implementation, **hf_overrides(spec))
+
+
+def checkpoint_every_layer(model, notes: list[str]) -> None:
+    """Activation checkpointing of every layer, the way the baselines do it: HF's
+    ``gradient_checkpointing_enable`` (non-reentrant); a model without it (the project's
+    WideResNet) gets each residual block wrapped in ``torch.utils.checkpoint``."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    if getattr(model, "supports_gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        notes.append("HF gradient checkpointing on (every layer) for ckpt > 0")
+        return
+    from slapo_ae.zoo.wideresnet import Bottleneck
+
+    blocks = [m for m in model.modules() if isinstance(m, Bottleneck)]
+    if not blocks:
+        raise Unsupported(f"{type(model).__name__} has no gradient checkpointing")
+    for block in blocks:
+        inner = block.forward
+
+        @functools.wraps(inner)
+        def forward(x, _inner=inner):
+            if not torch.is_grad_enabled():
+                return _inner(x)
+            return checkpoint(_inner, x, use_reentrant=False)
+
+        block.forward = forward
+    notes.append(f"torch.utils.checkpoint on every residual block ({len(blocks)}) for ckpt > 0")

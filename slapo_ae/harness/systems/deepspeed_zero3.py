@@ -1,0 +1,95 @@
+"""``deepspeed``: the plain HF model under DeepSpeed ZeRO stage 3 (the paper's DeepSpeed column).
+
+Micro-batch = global batch / ranks, one micro-batch per step (no gradient accumulation). A
+checkpoint ratio above 0 switches HF gradient checkpointing on for every layer (the paper's
+"(1)"). The optimizer is ``torch.optim.AdamW`` handed to DeepSpeed with
+``zero_allow_untested_optimizer`` (DeepSpeed's FusedAdam would need a compiled op, and on CPU
+there is none). On CUDA, fp16/bf16 are DeepSpeed's own settings (fp32 master weights in the
+optimizer, dynamic loss scaling for fp16).
+
+DeepSpeed quirks met here (0.19.8), and what the harness does about them (:func:`quiet_deepspeed`):
+
+- on CPU, ``initialize`` JIT-compiles a shared-memory all-reduce op into
+  ``$TORCH_EXTENSIONS_DIR`` under a file lock; a run killed mid-build leaves the lock behind
+  and every later run waits on it forever. The op serves only ``inference_all_reduce`` (which
+  falls back to the process group without it), never training, so the harness marks it
+  incompatible on CPU and nothing is compiled;
+- ``initialize`` imports DeepSpeed's Muon optimizer (ZeRO's optimizer check and stage 3's
+  constructor, the latter unconditionally), whose module applies ``torch.compile`` at import
+  and so loads inductor: about 10 s per rank on 2 cores, paid by every ZeRO-3 launch. Left
+  as is (stage 3 cannot do without the import).
+
+The model is built on the CPU and partitioned by ``initialize``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import System, build_hf_model, checkpoint_every_layer
+
+
+def ds_config(spec, micro_batch: int) -> dict:
+    config = {
+        "train_batch_size": spec.case.batch_size,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 3},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    if spec.case.device == "cuda" and spec.case.dtype == "fp16":
+        config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    elif spec.case.device == "cuda" and spec.case.dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    return config
+
+
+SHM_OP = "deepspeed_shm_comm"
+
+
+def quiet_deepspeed(device_type: str) -> None:
+    """Skip DeepSpeed's CPU shared-memory op (see the module docstring)."""
+    import deepspeed.ops
+
+    if device_type == "cpu":
+        deepspeed.ops.__compatible_ops__[SHM_OP] = False
+
+
+class DeepSpeedZero3System(System):
+    mode = "deepspeed"
+    description = "HF model on DeepSpeed ZeRO-3, micro-batch = batch / ranks"
+
+    def build(self) -> torch.nn.Module:
+        """The model handed to DeepSpeed (the plain HF model here)."""
+        model = build_hf_model(self.spec, "cpu")
+        if self.spec.case.ckpt:
+            checkpoint_every_layer(model, self.notes)
+        return model
+
+    def setup(self) -> None:
+        import deepspeed
+
+        quiet_deepspeed(self.ctx.device.type)
+        model = self.build()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.spec.case.lr)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=ds_config(self.spec, self.micro_batch()))
+        self.model = model
+        floating = {"fp16": torch.float16, "bf16": torch.bfloat16}
+        self.input_dtype = (floating.get(self.spec.case.dtype) if self.spec.case.device == "cuda"
+                            else None)
+
+    def train_step(self, batch: dict) -> torch.Tensor:
+        if self.input_dtype is not None:  # DeepSpeed runs the module itself in 16 bit
+            batch = {k: v.to(self.input_dtype) if v.is_floating_point() else v
+                     for k, v in batch.items()}
+        loss = self.engine(**batch).loss
+        self.engine.backward(loss)
+        self.engine.step()
+        return loss.detach().float()
+
+    def params_on_rank(self) -> int:
+        """Elements of this rank's ZeRO-3 partitions."""
+        return sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()
+                   for p in self.model.parameters())

@@ -1,0 +1,218 @@
+"""``megatron``: megatron-core's own models with tensor parallelism = rank count (the paper's
+Megatron-LM column).
+
+The zoo model's HF config is mapped onto a megatron ``TransformerConfig`` and megatron-core's
+model of the family, with its local layer spec (no Transformer Engine):
+
+| family  | megatron-core model | mapping notes                                               |
+|---------|---------------------|-------------------------------------------------------------|
+| bert    | BertModel           | Megatron's BERT (pre-LayerNorm), no binary head, tied head  |
+| gpt_neo | GPTModel            | learned positions, tanh GeLU; **global attention in every   |
+|         |                     | layer** (GPT-Neo's local attention has no megatron form)    |
+| llama   | GPTModel            | RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases   |
+| t5      | T5Model             | RMSNorm, no biases; learned absolute positions (relative    |
+|         |                     | buckets need Transformer Engine's attention, as notes say)  |
+
+RoBERTa, OPT and WideResNet are ``unsupported``, as in the paper (Megatron-LM had no such
+model: "-" in Figure 7). Megatron's linear layers carry biases where the HF model has none
+(GPT-Neo's Q/K/V); the record's notes say so.
+
+Checkpointing (``CKPT``): ``full`` recomputes every layer (``recompute_granularity='full'``,
+uniform, one layer per chunk), ``selective`` recomputes the core attention; 0 = none.
+Training: every rank sees the whole batch (data parallel size 1), AdamW over fp32 parameters,
+autocast in fp16/bf16 on CUDA (not Megatron-LM's Float16Module and distributed optimizer).
+On CPU the :mod:`.megatron_cpu` adapter is installed.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+from .base import TensorParallelTrainer, Unsupported
+
+SUPPORTED = ("bert", "gpt_neo", "llama", "t5")
+PAPER_NAMES = {"roberta": "RoBERTa", "opt": "OPT", "wideresnet": "WideResNet"}
+
+
+def _family(spec) -> str:
+    from slapo_ae.zoo import model_family
+
+    return model_family(spec.case.model)
+
+
+class MegatronSystem(TensorParallelTrainer):
+    mode = "megatron"
+    description = "megatron-core's own model, tensor parallelism = ranks"
+
+    @classmethod
+    def check(cls, spec) -> None:
+        super().check(spec)
+        family = _family(spec)
+        if family not in SUPPORTED:
+            name = PAPER_NAMES.get(family, family)
+            raise Unsupported(f"Megatron-LM has no {name} model (the paper's Figure 7 marks it "
+                              f"'-'); megatron-core models here: BERT, GPT (GPT-Neo, LLaMA), T5")
+        if importlib.util.find_spec("megatron.core") is None:
+            raise Unsupported("megatron-core is not installed")
+        if spec.case.ckpt not in (None, "full", "selective"):
+            raise Unsupported(f"megatron takes CKPT full, selective or 0, not {spec.case.ckpt!r}")
+
+    # -- building ------------------------------------------------------------------------
+    def setup(self) -> None:
+        from megatron.core import parallel_state, tensor_parallel
+
+        from slapo_ae.zoo import hf_config
+
+        from .base import hf_overrides
+
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=self.ctx.world_size)
+        if self.ctx.device.type == "cpu":
+            from . import megatron_cpu
+
+            megatron_cpu.install(self.spec.case.seed, parallel_state.get_tensor_model_parallel_rank())
+        else:
+            tensor_parallel.model_parallel_cuda_manual_seed(self.spec.case.seed)
+        torch.manual_seed(self.spec.case.seed)
+        self.family = _family(self.spec)
+        self.hf = hf_config(self.spec.case.model, **hf_overrides(self.spec))
+        builder = {"bert": self._bert, "gpt_neo": self._gpt_neo, "llama": self._llama,
+                   "t5": self._t5}[self.family]
+        self.model = builder()
+        if self.ctx.device.type == "cuda":
+            self.model.cuda(self.ctx.device)
+        self.make_optimizer()
+
+    def _config(self, **fields):
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        recompute = {}
+        if self.spec.case.ckpt == "full":
+            recompute = dict(recompute_granularity="full", recompute_method="uniform",
+                             recompute_num_layers=1)
+        elif self.spec.case.ckpt == "selective":
+            recompute = dict(recompute_granularity="selective")
+        return TransformerConfig(
+            tensor_model_parallel_size=self.ctx.world_size,
+            use_cpu_initialization=self.ctx.device.type == "cpu",
+            params_dtype=torch.float32, pipeline_dtype=torch.float32,
+            **recompute, **fields)
+
+    def _bert(self):
+        from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+        from megatron.core.models.bert.bert_model import BertModel
+
+        c = self.hf
+        config = self._config(
+            num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
+            num_attention_heads=c.num_attention_heads, ffn_hidden_size=c.intermediate_size,
+            layernorm_epsilon=c.layer_norm_eps, hidden_dropout=c.hidden_dropout_prob,
+            attention_dropout=c.attention_probs_dropout_prob, activation_func=torch.nn.functional.gelu)
+        self.notes.append("Megatron's BERT: pre-LayerNorm layers, no next-sentence head")
+        return BertModel(config=config, num_tokentypes=c.type_vocab_size,
+                         transformer_layer_spec=bert_layer_local_spec, vocab_size=c.vocab_size,
+                         max_sequence_length=c.max_position_embeddings, add_binary_head=False,
+                         share_embeddings_and_output_weights=True, parallel_output=True)
+
+    def _gpt(self, config, spec, **kwargs):
+        from megatron.core.models.gpt import GPTModel
+
+        return GPTModel(config=config, transformer_layer_spec=spec,
+                        vocab_size=self.hf.vocab_size, parallel_output=True, **kwargs)
+
+    def _gpt_neo(self):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        c = self.hf
+        config = self._config(
+            num_layers=c.num_layers, hidden_size=c.hidden_size, num_attention_heads=c.num_heads,
+            ffn_hidden_size=c.intermediate_size or 4 * c.hidden_size,
+            layernorm_epsilon=c.layer_norm_epsilon, hidden_dropout=c.resid_dropout,
+            attention_dropout=c.attention_dropout,
+            activation_func=functools.partial(torch.nn.functional.gelu, approximate="tanh"),
+            add_qkv_bias=True)
+        if "local" in c.attention_layers:
+            self.notes.append("GPT-Neo's local (windowed) attention cannot be represented in "
+                              "megatron-core: every layer uses global causal attention")
+        self.notes.append("megatron's Q/K/V projections carry biases (GPT-Neo's have none)")
+        return self._gpt(config, get_gpt_layer_local_spec(),
+                         max_sequence_length=c.max_position_embeddings,
+                         position_embedding_type="learned_absolute",
+                         share_embeddings_and_output_weights=c.tie_word_embeddings)
+
+    def _llama(self):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        c = self.hf
+        heads = c.num_attention_heads
+        config = self._config(
+            num_layers=c.num_hidden_layers, hidden_size=c.hidden_size, num_attention_heads=heads,
+            num_query_groups=getattr(c, "num_key_value_heads", None) or heads,
+            kv_channels=getattr(c, "head_dim", None) or c.hidden_size // heads,
+            ffn_hidden_size=c.intermediate_size, normalization="RMSNorm",
+            layernorm_epsilon=c.rms_norm_eps, gated_linear_unit=True,
+            activation_func=torch.nn.functional.silu, add_bias_linear=False,
+            hidden_dropout=0.0, attention_dropout=getattr(c, "attention_dropout", 0.0))
+        theta = getattr(c, "rope_theta", None)
+        if theta is None:  # transformers 5 keeps it in rope_parameters
+            theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+        return self._gpt(config, get_gpt_layer_local_spec(normalization="RMSNorm"),
+                         max_sequence_length=c.max_position_embeddings,
+                         position_embedding_type="rope", rotary_base=theta,
+                         share_embeddings_and_output_weights=c.tie_word_embeddings)
+
+    def _t5(self):
+        from megatron.core.models.T5 import T5Model
+        from megatron.core.models.T5.t5_spec import (get_t5_decoder_with_local_block_spec,
+                                                     get_t5_encoder_with_local_block_spec)
+
+        c = self.hf
+        gated = c.feed_forward_proj.startswith("gated")
+        act = torch.nn.functional.relu if "relu" in c.feed_forward_proj else functools.partial(
+            torch.nn.functional.gelu, approximate="tanh")
+        fields = dict(hidden_size=c.d_model, num_attention_heads=c.num_heads,
+                      kv_channels=c.d_kv, ffn_hidden_size=c.d_ff, normalization="RMSNorm",
+                      layernorm_epsilon=c.layer_norm_epsilon, add_bias_linear=False,
+                      gated_linear_unit=gated, activation_func=act,
+                      hidden_dropout=c.dropout_rate, attention_dropout=c.dropout_rate)
+        dec_layers = c.num_decoder_layers or c.num_layers
+        encoder_config = self._config(num_layers=c.num_layers, **fields)
+        config = self._config(num_layers=dec_layers, **fields)
+        self.decoder_start = c.decoder_start_token_id or 0
+        self.notes.append("T5 with learned absolute positions, as Megatron-LM's T5: relative "
+                          "position buckets need an attention bias, which megatron-core's "
+                          "local attention does not take")
+        return T5Model(
+            config=config, encoder_config=encoder_config,
+            transformer_encoder_layer_spec=get_t5_encoder_with_local_block_spec(c.num_layers),
+            transformer_decoder_layer_spec=get_t5_decoder_with_local_block_spec(dec_layers),
+            vocab_size=c.vocab_size,
+            max_sequence_length=max(self.spec.case.seq_len, self.spec.case.dec_seq_len),
+            position_embedding_type="learned_absolute",
+            share_embeddings_and_output_weights=c.tie_word_embeddings, parallel_output=True)
+
+    # -- one step --------------------------------------------------------------------------
+    def forward_loss(self, batch: dict) -> torch.Tensor:
+        ids = batch["input_ids"]
+        b, s = ids.shape
+        dev = ids.device
+        if self.family == "bert":
+            loss, _ = self.model(ids, batch["attention_mask"],
+                                 tokentype_ids=torch.zeros_like(ids), lm_labels=batch["labels"])
+        elif self.family == "t5":
+            labels = batch["labels"]
+            t = labels.shape[1]
+            dec_ids = torch.cat([torch.full((b, 1), self.decoder_start, dtype=labels.dtype,
+                                            device=dev), labels[:, :-1]], dim=1)
+            no_mask = torch.zeros(b, 1, s, s, dtype=torch.bool, device=dev)
+            causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=dev), 1)[None, None]
+            cross = torch.zeros(b, 1, t, s, dtype=torch.bool, device=dev)
+            loss = self.model(ids, dec_ids, no_mask, causal.expand(b, 1, t, t), cross,
+                              lm_labels=labels)
+        else:  # GPT: next-token labels, an explicit causal mask, positions 0..s-1
+            labels = torch.roll(ids, -1, dims=1)
+            pos = torch.arange(s, device=dev).unsqueeze(0).expand(b, s)
+            causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=dev), 1)[None, None]
+            loss = self.model(ids, pos, causal, labels=labels)
+        return loss.float().mean()

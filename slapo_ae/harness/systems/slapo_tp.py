@@ -1,0 +1,80 @@
+"""Slapo schedules trained in a Megatron-style loop: ``slapo-megatron`` (Slapo-TP) and the
+Figure 9 ablation steps ``slapo-kernel``, ``slapo-tp-attn-ffn``, ``slapo-tp-full``.
+
+The HF model is built with the same seed on every rank, scheduled with
+:func:`slapo.model_schedule.schedule_model` and trained with AdamW:
+
+| mode               | tensor parallel   | shard embedding | kernel opt | batch per rank |
+|--------------------|-------------------|-----------------|------------|----------------|
+| slapo-megatron     | over all ranks    | yes             | yes        | whole batch    |
+| slapo-tp-full      | over all ranks    | yes             | yes        | whole batch    |
+| slapo-tp-attn-ffn  | over all ranks    | no              | yes        | whole batch    |
+| slapo-kernel       | no (DDP if N > 1) | -               | yes        | batch / N      |
+
+The checkpoint ratio of the case goes to the schedule (the first ``round(ratio * layers)``
+layers are checkpointed). A family without a schedule is ``unsupported``.
+"""
+from __future__ import annotations
+
+from .base import NativeTrainer, TensorParallelTrainer, Unsupported, build_hf_model
+from .eager import wrap_data_parallel
+
+
+def scheduled_model(spec, ctx, notes: list[str], trains_on=None, **options):
+    """Build the zoo model on this rank's device and apply its Slapo schedule; ``notes`` gets
+    the kernels the schedule's ops pick on the device it trains on (``trains_on``, default
+    ``ctx.device``; see ``slapo.op.kernel_choices``)."""
+    import slapo
+    from slapo.model_schedule import schedule_model
+    from slapo.op import kernel_choices
+    from slapo.random import manual_seed
+
+    model = build_hf_model(spec, ctx.device)
+    manual_seed(spec.case.seed, ctx.rank if options.get("tensor_parallel") else 0)
+    sch = slapo.create_schedule(model)
+    ratio = float(spec.case.ckpt or 0.0)
+    try:
+        schedule_model(sch, ckpt_ratio=ratio, **options)
+    except NotImplementedError as err:
+        raise Unsupported(f"no Slapo schedule: {err}") from None
+    if options.get("kernel_opt"):
+        device = (trains_on or ctx.device).type
+        notes.append(f"Slapo kernels on {device}: " + "; ".join(
+            f"{op}: {kernel}" for op, kernel in kernel_choices(device).items()))
+    return slapo.build(sch)
+
+
+class SlapoTPSystem(TensorParallelTrainer):
+    mode = "slapo-megatron"
+    description = "HF model + Slapo schedule, tensor parallelism over all ranks (Slapo-TP)"
+    shard_embedding = True
+
+    def setup(self) -> None:
+        self.model = scheduled_model(self.spec, self.ctx, self.notes, tensor_parallel=True,
+                                     shard_embedding=self.shard_embedding, kernel_opt=True)
+        self.make_optimizer()
+
+
+class SlapoTPFullSystem(SlapoTPSystem):
+    mode = "slapo-tp-full"
+    description = "Figure 9 '+ Embedding TP': kernels + TP of attention, FFN and embedding"
+
+
+class SlapoTPAttnFFNSystem(SlapoTPSystem):
+    mode = "slapo-tp-attn-ffn"
+    description = "Figure 9 '+ Attn/FFN TP': kernels + TP of attention and FFN"
+    shard_embedding = False
+
+
+class SlapoKernelSystem(NativeTrainer):
+    mode = "slapo-kernel"
+    description = "Figure 9 '+ Kernel Opt': fused kernels, no TP (data parallel if N > 1)"
+
+    def setup(self) -> None:
+        self.inner = scheduled_model(self.spec, self.ctx, self.notes, tensor_parallel=False,
+                                     shard_embedding=False, kernel_opt=True)
+        self.model = wrap_data_parallel(self.inner, self.ctx)
+        self.make_optimizer()
+
+    def params_on_rank(self) -> int:
+        return sum(p.numel() for p in self.inner.parameters())

@@ -1,0 +1,316 @@
+"""One rank of a harness run: ``python -m slapo_ae.harness.worker --spec JSON`` under torchrun.
+
+Each rank initialises ``torch.distributed`` (gloo on CPU, NCCL on CUDA), builds the system of
+the case's mode (:mod:`slapo_ae.harness.systems`) from the same seed, and trains ``steps`` steps on
+synthetic batches (:func:`slapo_ae.zoo.synthetic_batch`, seed ``spec.case.seed + step``: the same
+global batch on every rank, each data-parallel rank taking its slice). Every step is timed
+on every rank (CUDA synchronised); a step's time is the slowest rank's. After the last step
+the ranks average their losses and gather their peak memory, parameter counts and timelines,
+and rank 0 writes the record (:func:`slapo_ae.record.write_record`, atomic).
+
+Every rank also leaves ``<rundir>/rank<R>.json`` with its status, so the parent can tell
+what happened when the ranks die before a record is written. Exit codes: 0 (ok or
+unsupported), 1 (failed), 3 (out of memory).
+
+Fault injection, for testing the supervision: ``SLAPO_BENCH_FAULT=<kind>[@<rank>][:<where>]``
+makes that rank (every rank without ``@``) raise an error (``crash``), raise
+``torch.OutOfMemoryError`` (``oom``) or stop forever (``hang``), either at the start of the
+second step (``:step``, the default) or just before the system is set up (``:setup``; the other
+ranks then block in the set-up's first collective).
+"""
+from __future__ import annotations
+
+import time
+
+_T0 = time.time()  # before the heavy imports: the launch overhead includes them
+
+import argparse  # noqa: E402
+import datetime as _dt  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from slapo_ae.harness.runspec import RunSpec  # noqa: E402
+
+EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
+FAULT_ENV = "SLAPO_BENCH_FAULT"
+FAULT_STEP = 1  # ":step" faults fire at the start of this step (0-based)
+
+
+def log(rank: int, message: str) -> None:
+    stamp = time.strftime("%H:%M:%S", time.localtime()) + f".{int(time.time() * 1000) % 1000:03d}"
+    print(f"[slapo-bench rank {rank}] {stamp} {message}", flush=True)
+
+
+def write_rank_status(spec: RunSpec, rank: int, status: str, reason: str = "", **extra) -> None:
+    if not spec.rundir:
+        return
+    from slapo_ae.atomic import write_text
+
+    write_text(Path(spec.rundir) / f"rank{rank}.json",
+               json.dumps({"rank": rank, "status": status, "reason": reason,
+                           "time": time.time(), **extra}))
+
+
+def leave(code: int) -> int:
+    """Exit now, skipping the interpreter's teardown (a few seconds with torch loaded, paid
+    for every launch): everything worth keeping is written and flushed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def is_oom(err: BaseException) -> bool:
+    import torch
+
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower() and (
+        "cuda" in str(err).lower() or "hip" in str(err).lower())
+
+
+def injected_fault(rank: int, where: str):
+    """The fault ``SLAPO_BENCH_FAULT`` asks of this rank at ``where`` ("setup", or "step"
+    meaning step ``FAULT_STEP``), or None."""
+    value = os.environ.get(FAULT_ENV, "")
+    if not value:
+        return None
+    value, _, at = value.partition(":")
+    kind, _, on_rank = value.partition("@")
+    if (at or "step") != where or (on_rank and int(on_rank) != rank):
+        return None
+    return kind
+
+
+def raise_fault(kind: str, rank: int) -> None:
+    import torch
+
+    log(rank, f"{FAULT_ENV}: injecting {kind!r}")
+    if kind == "crash":
+        raise RuntimeError(f"fault injected by {FAULT_ENV} on rank {rank}")
+    if kind == "oom":
+        raise torch.OutOfMemoryError(f"fault injected by {FAULT_ENV} on rank {rank}")
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    raise ValueError(f"{FAULT_ENV}: unknown fault {kind!r} (crash, oom, hang)")
+
+
+def model_fields(spec: RunSpec) -> dict:
+    """The model's config dict with the run's overrides (for batches and FLOPs)."""
+    from slapo_ae.harness.systems.base import hf_overrides
+    from slapo_ae.zoo import load_config
+
+    fields = load_config(spec.case.model)
+    fields.update(hf_overrides(spec))
+    return fields
+
+
+def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict | None]:
+    """Run every step; return (this rank's loss tensors, step times in s, its profile
+    summary when ``spec.profile_dir`` asks for one)."""
+    import torch
+
+    from slapo_ae.harness.profiling import StepProfiler
+    from slapo_ae.zoo import synthetic_batch
+
+    fields = model_fields(spec)
+    micro = system.micro_batch()
+    lo = system.dp_rank * micro
+    cuda = ctx.device.type == "cuda"
+    profiler = StepProfiler(spec.profile_dir, ctx.rank, spec.case.warmup, cuda)
+    losses, times = [], []
+    for step in range(spec.case.steps):
+        full = synthetic_batch(fields, spec.case.batch_size, spec.case.seq_len, spec.case.dec_seq_len,
+                               seed=spec.case.seed + step)
+        batch = {k: v[lo:lo + micro].to(ctx.device) for k, v in full.items()}
+        fault = injected_fault(ctx.rank, "step") if step == FAULT_STEP else None
+        if fault:
+            raise_fault(fault, ctx.rank)
+        if cuda:
+            torch.cuda.synchronize(ctx.device)
+        profiler.step_starting(step)
+        if step == 0:
+            timeline["first_step_start"] = time.time()
+        start = time.perf_counter()
+        loss = system.train_step(batch)
+        if cuda:
+            torch.cuda.synchronize(ctx.device)
+        times.append(time.perf_counter() - start)
+        profiler.step_finished()
+        if step == 0:
+            timeline["first_step_end"] = time.time()
+        losses.append(loss)
+        if ctx.rank == 0:
+            log(0, f"step {step + 1}/{spec.case.steps}: {times[-1]:.3f} s"
+                   f"{' (warm-up)' if step < spec.case.warmup else ''}")
+    timeline["train_end"] = time.time()
+    return losses, times, profiler.finish()
+
+
+def iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list[dict]):
+    """The ``ok`` record from the averaged losses and every rank's numbers."""
+    from slapo_ae.harness import flops
+    from slapo_ae.harness import metrics
+    from slapo_ae.record import Metrics, Record, collect_env, now
+
+    step_times = [max(rank["step_times"][i] for rank in gathered) for i in range(spec.case.steps)]
+    thr = metrics.throughput(step_times, spec.case.batch_size, spec.case.warmup)
+    env = collect_env()
+    budget = spec.thread_budget()
+    env.update({"world_size": ctx.world_size, "backend": "nccl" if ctx.device.type == "cuda"
+                else "gloo", **budget.as_env_record(),
+                "threads_in_use": [rank["threads"] for rank in gathered]})
+    notes = list(system.notes)
+    if budget.oversubscribed:
+        notes.append(f"oversubscribed: {budget.ranks} ranks on {budget.cores} cores (one "
+                     "thread each); the steps measure the cores' time-sharing too")
+    if spec.profile_dir:
+        notes.append(f"profiled with torch.profiler (tables and traces in {spec.profile_dir}): "
+                     "the timed steps ran slower than unprofiled ones")
+    try:
+        per_sample = flops.train_flops_per_sample(model_fields(spec), spec.case.seq_len,
+                                                  spec.case.dec_seq_len, "paper")
+    except (KeyError, ValueError) as err:
+        per_sample = None
+        notes.append(f"no FLOPs count: {err}")
+    tflops = (flops.tflops_per_gpu(thr["samples_per_s"], per_sample, spec.case.gpus)
+              if per_sample else None)
+    mfu = None
+    if tflops is not None and spec.case.dtype != "fp32":
+        mfu = metrics.mfu(tflops, env.get("device_name"))
+    timeline = {"launch": spec.launch_time,
+                **{k: min(r["timeline"][k] for r in gathered if k in r["timeline"])
+                   for k in gathered[0]["timeline"]}}
+    first = timeline.get("first_step_start")
+    extra = {
+        "system": system.description, "dtype": spec.case.dtype, "device": spec.case.device,
+        **system.info(), "seed": spec.case.seed, "lr": spec.case.lr, "no_dropout": spec.case.no_dropout,
+        "overrides": spec.case.overrides, "flops_formula": "paper", "notes": notes,
+        "timeline": timeline, "run_id": spec.run_id,
+        "profile": ({str(i): r["profile"] for i, r in enumerate(gathered)}
+                    if spec.profile_dir else None),
+        "launch_to_first_step_s": (first - spec.launch_time
+                                   if first and spec.launch_time else None),
+    }
+    m = Metrics(samples_per_s=thr["samples_per_s"], spread=thr["spread"],
+                flops_per_sample=per_sample, tflops_per_gpu=tflops, mfu=mfu,
+                peak_mem_bytes=[r["peak_mem"] for r in gathered],
+                params=[r["params"] for r in gathered], loss=losses, step_times=step_times,
+                warmup_steps=spec.case.warmup, extra=extra)
+    return Record(status="ok", case=spec.case_dict(), metrics=m, env=env, log_path=spec.log,
+                  started_at=iso(spec.launch_time), finished_at=now())
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when torchrun dies (torchrun starts each rank in a
+    session of its own, so a killed torchrun would otherwise leave it running)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # torchrun already gone
+            os._exit(EXIT_FAILED)
+    except (OSError, AttributeError):
+        pass
+
+
+def run(spec: RunSpec) -> int:
+    die_with_parent()
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    timeline = {"worker_start": _T0}
+    system = None
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from slapo_ae.harness import metrics
+        from slapo_ae.harness import threads
+        from slapo_ae.record import write_record
+        from slapo_ae.harness.systems import DistContext, Unsupported, get_system
+
+        threads.apply_in_rank(spec.thread_budget())  # before any torch work
+
+        try:
+            if spec.case.device == "cuda":
+                device = torch.device("cuda", local)
+                torch.cuda.set_device(device)
+            else:
+                device = torch.device("cpu")
+            timeout = _dt.timedelta(seconds=(spec.timeout or 1800) + 60)
+            dist.init_process_group("nccl" if spec.case.device == "cuda" else "gloo",
+                                    timeout=timeout)
+            timeline["dist_ready"] = time.time()
+            ctx = DistContext(rank, world, local, device)
+            system_cls = get_system(spec.case.mode)
+            system_cls.check(spec)
+            system = system_cls(spec, ctx)
+            system.micro_batch()  # the batch split is known before any work
+            fault = injected_fault(rank, "setup")
+            if fault:
+                raise_fault(fault, rank)
+            system.setup()
+            timeline["setup_done"] = time.time()
+            log(rank, f"{spec.case.mode} set up in {timeline['setup_done'] - _T0:.1f} s "
+                      f"(dp {system.dp_size}, tp {system.tp_size}); training {spec.case.steps} steps")
+            local_losses, times, profile = train(system, spec, ctx, timeline)
+        except Unsupported as err:
+            reason = str(err)
+            log(rank, f"unsupported: {reason}")
+            write_rank_status(spec, rank, "unsupported", reason)
+            if rank == 0:
+                notes = list(system.notes) if system else []
+                write_record(spec.non_ok_record("unsupported", reason, notes=notes), spec.out)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            return leave(EXIT_OK)
+        losses = torch.stack(local_losses).to(device)
+        dist.all_reduce(losses)  # gloo has no AVG: sum, then divide
+        losses = (losses / world).tolist()
+        mine = {"peak_mem": metrics.peak_memory_bytes(device), "params": system.params_on_rank(),
+                "step_times": times, "timeline": timeline, "threads": threads.threads_in_use(),
+                "profile": profile}
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine)
+        if rank == 0:
+            record = build_record(spec, system, ctx, losses, gathered)
+            write_record(record, spec.out)
+            log(0, f"record written to {spec.out}: {record.metrics.samples_per_s:.3f} samples/s")
+        write_rank_status(spec, rank, "ok")
+        dist.barrier()
+        dist.destroy_process_group()
+        log(rank, "done")
+        return leave(EXIT_OK)
+    except BaseException as err:  # failures are data: tell the parent, then leave at once
+        traceback.print_exc()
+        summary = f"{type(err).__name__}: {err}".splitlines()[0][:500] if str(err) else type(err).__name__
+        oom = False
+        try:
+            oom = is_oom(err)
+        except Exception:
+            pass
+        write_rank_status(spec, rank, "oom" if oom else "failed", f"rank {rank}: {summary}",
+                          traceback="\n".join(traceback.format_exc().splitlines()[-30:]))
+        leave(EXIT_OOM if oom else EXIT_FAILED)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="the RunSpec as JSON")
+    args = parser.parse_args(argv)
+    return run(RunSpec.from_json(args.spec))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Which source files each result depends on: the workflow's rerun inputs, decided here by the
+package that owns the files (the planner only asks).
+
+- A case runs the schedule language (``slapo/``, but the model schedules), the artifact's
+  case model, zoo and harness (every module of ``slapo_ae`` but the analysis and this one),
+  and its model's JSON config. A Slapo mode also runs ``slapo/model_schedule``: its shared
+  modules and its own family's schedule, which ``slapo.model_schedule`` names after the
+  model type (``bert.py``), so that editing ``bert.py`` reruns the BERT cases of Slapo modes
+  and nothing else.
+- An aggregate (CSV, figure, Table 4, claims) runs the analysis: ``slapo_ae/analysis`` and the
+  record reader; ``gaps`` also reruns cases under the profiler, so the case code too.
+
+Paths are relative to the checkout's root, sorted, and light to compute (no imports of
+torch, no parsing of the code): the planner calls this for every case while Snakemake builds
+the DAG.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from slapo_ae import paths
+from slapo_ae.zoo.configs import FAMILIES
+
+SCHEDULES = "slapo/model_schedule"
+ANALYSIS = "slapo_ae/analysis"
+NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis")  # planning and analysis, not a case
+RECORDS = ("slapo_ae/record.py", "slapo_ae/atomic.py", "slapo_ae/case.py", "slapo_ae/paths.py")
+
+
+def _py_files(root: Path, folder: str) -> list[str]:
+    base = root / folder
+    return sorted(p.relative_to(root).as_posix() for p in base.rglob("*.py")
+                  if "__pycache__" not in p.parts)
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def case_code(root: Path | str = paths.ROOT) -> list[str]:
+    """Code every case runs, whatever its mode (see the module docstring)."""
+    root = Path(root)
+    library = [f for f in _py_files(root, "slapo") if not _under(f, SCHEDULES)]
+    artifact = [f for f in _py_files(root, "slapo_ae")
+                if not any(_under(f, skip) for skip in NOT_RUN)]
+    return library + artifact
+
+
+def schedule_files(root: Path | str = paths.ROOT) -> dict[str, str]:
+    """``{family: path}`` of every family schedule present (Table 4 counts them)."""
+    root = Path(root)
+    found = {family: f"{SCHEDULES}/{family}.py" for family in FAMILIES}
+    return {family: path for family, path in found.items() if (root / path).is_file()}
+
+
+def uses_schedule(mode: str) -> bool:
+    """Whether a mode applies a Slapo schedule (``slapo-*``; the ablation's steps too)."""
+    return mode.startswith("slapo")
+
+
+def case_sources(case, root: Path | str = paths.ROOT, code: list[str] | None = None) -> list[str]:
+    """Files whose change reruns ``case``; ``code`` (:func:`case_code`) may be passed in, to
+    list the folders once for all cases."""
+    from slapo_ae.zoo.configs import config_dir, model_family
+
+    root = Path(root)
+    files = list(code if code is not None else case_code(root))
+    config = config_dir() / f"{case.model}.json"
+    if config.is_file():
+        try:
+            files.append(config.resolve().relative_to(root.resolve()).as_posix())
+        except ValueError:  # configs outside the checkout ($SLAPO_MODEL_CONFIGS)
+            files.append(str(config))
+    if uses_schedule(case.mode):
+        try:
+            family = model_family(case.model)
+        except (KeyError, ValueError):
+            family = None
+        others = {f"{SCHEDULES}/{name}.py" for name in FAMILIES if name != family}
+        files += [f for f in _py_files(root, SCHEDULES) if f not in others]
+    return files
+
+
+def analysis_sources(root: Path | str = paths.ROOT, runs_cases: bool = False) -> list[str]:
+    """Files whose change reruns an aggregate; ``runs_cases`` for one that also runs cases
+    (``gaps``)."""
+    root = Path(root)
+    files = _py_files(root, ANALYSIS) + [f for f in RECORDS if (root / f).is_file()]
+    if runs_cases:
+        files += [f for f in case_code(root) if f not in files]
+    return files

@@ -1,0 +1,91 @@
+"""The model zoo's configs, read without torch: names, families and JSON fields.
+
+A model is named as on the HF hub (`bert-large-uncased`, `EleutherAI/gpt-neo-2.7B`) or as a
+paper variant (`bert-xlarge`, `wideresnet-2.4B`); its config lives at
+`<config dir>/<name>.json`, the config dir being `configs/models` of this checkout
+(`slapo_ae.paths.MODEL_CONFIGS`) or the folder named by `$SLAPO_MODEL_CONFIGS`.
+
+Each JSON holds the model's real config fields plus one project key:
+
+    "_slapo": {"family": "bert" | "roberta" | "gpt_neo" | "opt" | "t5" | "llama" | "wideresnet",
+               "hf_class": "BertForMaskedLM" (a transformers class) or "pkg.module.Class",
+               "description": "...", "paper_label": "BERT-1B" (optional)}
+
+This is the one reader of those files: the planner (at DAG time), the analysis and the
+harness all ask it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from slapo_ae import paths
+
+FAMILIES = ("bert", "roberta", "gpt_neo", "opt", "t5", "llama", "wideresnet")
+ENV_CONFIG_DIR = "SLAPO_MODEL_CONFIGS"
+PROJECT_KEY = "_slapo"
+
+
+def config_dir() -> Path:
+    """The folder of model configs: `$SLAPO_MODEL_CONFIGS` if set, else `<repo>/configs/models`."""
+    if env := os.environ.get(ENV_CONFIG_DIR):
+        return Path(env)
+    return paths.MODEL_CONFIGS
+
+
+def list_models(family: str | None = None) -> list[str]:
+    """Sorted names of all models in the zoo (optionally of one family)."""
+    root = config_dir()
+    names = sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.json"))
+    if family is not None:
+        names = [n for n in names if model_family(n) == family]
+    return names
+
+
+def _config_path(name: str) -> Path:
+    path = config_dir() / f"{name}.json"
+    if not path.is_file():
+        known = list_models()
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.4)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise KeyError(f"unknown model {name!r}.{hint} Known models: {', '.join(known)}")
+    return path
+
+
+def load_config(name: str) -> dict[str, Any]:
+    """The model's JSON config as a dict, the `_slapo` section included.
+
+    Raises `KeyError` (listing known names) for an unknown model and `ValueError` naming the
+    file for malformed JSON or a missing/invalid `_slapo` section.
+    """
+    path = _config_path(name)
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"malformed model config {path}: {e}") from e
+    meta = cfg.get(PROJECT_KEY) if isinstance(cfg, dict) else None
+    if not isinstance(meta, dict) or meta.get("family") not in FAMILIES or not meta.get("hf_class"):
+        raise ValueError(
+            f"model config {path} needs a {PROJECT_KEY!r} object with 'hf_class' and a 'family' "
+            f"among {FAMILIES}"
+        )
+    if "model_type" not in cfg:
+        raise ValueError(f"model config {path} has no 'model_type'")
+    return cfg
+
+
+def model_family(name: str) -> str:
+    """The model's family: one of `FAMILIES`."""
+    return load_config(name)[PROJECT_KEY]["family"]
+
+
+def paper_label(name: str) -> str:
+    """The paper's label of a model (`BERT-1B`) where its config names one, else the name."""
+    try:
+        return load_config(name)[PROJECT_KEY].get("paper_label") or name
+    except (KeyError, ValueError):
+        return name

@@ -1,0 +1,78 @@
+"""Shared pieces of the model-schedule proofs: tiny models, padded batches, comparisons."""
+
+from __future__ import annotations
+
+import copy
+
+import slapo
+from slapo.model_schedule import schedule_model
+from slapo_ae.zoo import build_model, model_family, no_dropout, synthetic_batch
+from slapo.sharding import gather_sharded
+from slapo.verify import train_side_by_side
+
+TINY = {"bert": "bert-tiny", "roberta": "roberta-tiny", "gpt_neo": "gpt-neo-tiny",
+        "opt": "opt-tiny", "t5": "t5-tiny", "llama": "llama-tiny",
+        "wideresnet": "wideresnet-tiny"}
+TOL = 1e-5
+STEPS = 3
+SEQ, DEC_SEQ, PAD = 40, 24, 7  # 40 > GPT-Neo tiny's local window of 16
+LR = 0.1
+
+# WideResNet trains on batches of 8 images of 64x64 with SGD lr 0.01: with 2 images of 32x32
+# its last stage normalises 1x1 feature maps over 2 samples, and BatchNorm then amplifies the
+# fp32 rounding of re-associated sums (partial convolutions summed across ranks) 10^3-fold
+# within 3 steps at lr 0.1. The schedule is exact: in float64 the errors are ~1e-13.
+WIDERESNET = {"overrides": {"image_size": 64}, "batch_size": 8, "lr": 0.01}
+
+
+def padded_batches(config, steps: int = STEPS, batch_size: int = 2) -> list[dict]:
+    """Synthetic batches for a model config whose last sequence ends in ``PAD`` padding tokens
+    (mask 0; label -100 where the label is a copy of the input), so padding masks matter."""
+    batches = []
+    for step in range(steps):
+        batch = synthetic_batch(config, batch_size, SEQ, DEC_SEQ, seed=100 + step)
+        if "attention_mask" in batch:
+            batch["attention_mask"][-1, -PAD:] = 0
+            if config.model_type != "t5":
+                batch["labels"][-1, -PAD:] = -100
+        batches.append(batch)
+    return batches
+
+
+def loss_and_logits(model, batch):
+    """``(loss, full logits)``: vocabulary-sharded logits are gathered for the comparison."""
+    out = model(**batch)
+    logits = out.logits
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab is not None and logits.shape[-1] != vocab:
+        logits = gather_sharded(logits, -1)
+    return out.loss, logits
+
+
+def side_by_side(name: str, steps: int = STEPS, dropout_off: bool = True, **options):
+    """Train the plain tiny model and its scheduled copy side by side; returns the step
+    reports and the scheduled model."""
+    overrides = no_dropout(name) if dropout_off else {}
+    wrn = model_family(name) == "wideresnet"
+    plain = build_model(name, **overrides, **(WIDERESNET["overrides"] if wrn else {}))
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    schedule_model(sch, **options)
+    scheduled = slapo.build(sch)
+    batches = padded_batches(plain.config, steps, WIDERESNET["batch_size"] if wrn else 2)
+    reports = train_side_by_side(plain, scheduled, batches, loss_and_logits,
+                                 lr=WIDERESNET["lr"] if wrn else LR)
+    return reports, plain, scheduled
+
+
+def assert_equal_training(reports, what: str, tol: float = TOL) -> None:
+    assert len(reports) == STEPS, what
+    for step, report in enumerate(reports):
+        assert report.loss_error <= tol, \
+            f"{what} step {step}: loss {report.loss_scheduled} vs {report.loss_plain}"
+        assert report.output_error <= tol, f"{what} step {step}: output error {report.output_error}"
+        name, err = report.max_grad_error
+        assert err <= tol, f"{what} step {step}: gradient of '{name}' off by {err:.2e}"
+
+
+def worst(reports) -> str:
+    return ", ".join(f"{r.max_grad_error[1]:.1e}" for r in reports)

@@ -1,0 +1,115 @@
+"""Dropout drawn for the device (``slapo.op.dropout``) and the CPU attention path that uses it.
+
+On CPU the mask comes from uniform draws (``u >= p``), not ``bernoulli_``: the same
+distribution and the same default generator, a different draw. Checked here: the dropout
+computation itself (mask times ``1 / (1 - p)``, forward and backward), its rate, its replay
+under activation checkpointing and under seeds, SDPA's math kernel written out (equal to SDPA
+within 1e-5 relative, forward and backward, with boolean, additive and grouped-query masks and
+a query row that sees no key), and the schedules' replacement of every ``nn.Dropout``.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import slapo
+from sched_helpers import TINY
+from slapo.model_schedule import schedule_model
+from slapo_ae.zoo import build_model
+from slapo.op import Dropout, attention, dropout, dropout_kernel, math_attention
+from slapo.verify import relative_error
+
+TOL = 1e-5
+
+
+def test_cpu_dropout_scales_what_it_keeps_and_its_gradient_follows():
+    torch.manual_seed(0)
+    x = torch.randn(64, 256, requires_grad=True)
+    y = dropout(x, 0.25)
+    kept = y != 0
+    assert torch.allclose(y[kept], x[kept] / 0.75)
+    assert abs(kept.float().mean().item() - 0.75) < 0.01  # 16k draws: 4 standard deviations
+    y.sum().backward()
+    assert torch.allclose(x.grad, kept.float() / 0.75)
+
+
+def test_dropout_off_and_edges():
+    x = torch.randn(8, 8)
+    assert dropout(x, 0.5, training=False) is x and dropout(x, 0.0) is x
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    assert dropout_kernel("cpu") == "uniform-mask" and dropout_kernel("cuda") == "F.dropout"
+
+
+def test_same_seed_same_mask_and_checkpoint_replays_it():
+    x = torch.randn(32, 32, requires_grad=True)
+    torch.manual_seed(3)
+    plain = dropout(x, 0.5)
+    plain.sum().backward()
+    grad, x.grad = x.grad, None
+    torch.manual_seed(3)
+    replayed = checkpoint(lambda t: dropout(t, 0.5) * 1.0, x, use_reentrant=False)
+    replayed.sum().backward()
+    assert torch.equal(plain, replayed) and torch.equal(grad, x.grad)
+
+
+def test_module_keeps_p_and_follows_train_and_eval():
+    drop = Dropout(0.3)
+    assert isinstance(drop, nn.Dropout) and drop.p == 0.3
+    x = torch.ones(1000)
+    assert (drop(x) == 0).any()
+    assert torch.equal(drop.eval()(x), x)
+
+
+def _qkv(heads=4, kv_heads=4, q_len=12, k_len=12, grad=True):
+    torch.manual_seed(1)
+    shape = lambda h, s: (2, h, s, 16)  # noqa: E731
+    return [torch.randn(*shape(h, s), requires_grad=grad)
+            for h, s in ((heads, q_len), (kv_heads, k_len), (kv_heads, k_len))]
+
+
+@pytest.mark.parametrize("case", ["none", "bool", "additive", "gqa", "row-without-keys"])
+def test_math_attention_is_sdpa(case):
+    q, k, v = _qkv(kv_heads=2 if case == "gqa" else 4)
+    mask = None
+    if case in ("bool", "row-without-keys"):
+        mask = torch.rand(2, 1, 12, 12) > 0.3
+        mask[..., 0] = True
+        if case == "row-without-keys":
+            mask[0, 0, 5] = False
+    elif case == "additive":
+        mask = torch.randn(2, 4, 12, 12)
+    ours = math_attention(q, k, v, mask, scale=0.3)
+    ref_inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*ref_inputs, attn_mask=mask, scale=0.3,
+                                         enable_gqa=case == "gqa")
+    assert relative_error(ours, ref) < TOL
+    ours.square().sum().backward()
+    ref.square().sum().backward()
+    for a, b in zip((q, k, v), ref_inputs):
+        assert relative_error(a.grad, b.grad) < TOL
+    if case == "row-without-keys":
+        assert torch.equal(ours[0, :, 5], torch.zeros_like(ours[0, :, 5]))
+
+
+def test_cpu_attention_with_dropout_drops_probabilities_with_the_uniform_mask():
+    q, k, v = _qkv(grad=False)
+    torch.manual_seed(7)
+    ours = attention(q, k, v, causal=True, dropout_p=0.2)
+    torch.manual_seed(7)  # the same draw, written out: softmax(causal scores), mask u >= p
+    scores = (q @ k.transpose(-1, -2)) / 4.0
+    scores = scores.masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), float("-inf"))
+    probs = scores.softmax(-1)
+    keep = (torch.rand_like(probs) >= 0.2).float() / 0.8
+    assert relative_error(ours, (probs * keep) @ v) < TOL
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt_neo", "t5", "opt"])
+def test_kernel_schedules_replace_every_dropout_and_keep_its_rate(family):
+    model = build_model(TINY[family], seed=0)
+    rates = sorted(m.p for m in model.modules() if type(m) is nn.Dropout)
+    sch = slapo.create_schedule(model)
+    schedule_model(sch, tensor_parallel=False, kernel_opt=True)
+    built = slapo.build(sch)
+    assert not [m for m in built.modules() if type(m) is nn.Dropout]
+    assert sorted(m.p for m in built.modules() if isinstance(m, Dropout)) == rates

@@ -1,0 +1,53 @@
+"""Throughput, spread, MFU and peak memory (slapo_ae.harness.metrics)."""
+import pytest
+
+from slapo_ae.harness.metrics import (mfu, peak_flops, peak_memory_bytes, peak_rss_bytes,
+                                 throughput, timed_steps)
+
+
+def test_median_and_spread_exclude_warmup():
+    # batch 8; two slow warm-up steps, then steps of 1, 2, 0.5, 1, 4 s
+    # per-step samples/s: 8, 4, 16, 8, 2 -> sorted 2, 4, 8, 8, 16; median 8
+    out = throughput([30.0, 10.0, 1.0, 2.0, 0.5, 1.0, 4.0], batch_size=8, warmup=2)
+    assert out["samples_per_s"] == 8
+    spread = out["spread"]
+    assert (spread["min"], spread["max"], spread["steps"]) == (2, 16, 5)
+    # inclusive quartiles of 2, 4, 8, 8, 16: q1 = 4, q3 = 8
+    assert (spread["q1"], spread["q3"], spread["iqr"]) == (4, 8, 4)
+    # stdev of (2, 4, 8, 8, 16): mean 7.6, squared deviations 31.36 + 12.96 + 0.16 + 0.16
+    # + 70.56 = 115.2, sample variance 115.2 / 4 = 28.8
+    assert spread["stdev"] == pytest.approx(28.8**0.5)
+
+
+def test_even_number_of_steps_and_single_step():
+    assert throughput([1.0, 0.5], batch_size=4)["samples_per_s"] == 6  # median of 4 and 8
+    one = throughput([9.0, 2.0], batch_size=4, warmup=1)
+    assert one["samples_per_s"] == 2 and one["spread"]["stdev"] == 0.0
+
+
+def test_timed_steps_errors():
+    with pytest.raises(ValueError, match="no timed steps"):
+        timed_steps([1.0, 1.0], warmup=2)
+    with pytest.raises(ValueError, match="positive"):
+        timed_steps([1.0, 0.0], warmup=0)
+    with pytest.raises(ValueError):
+        timed_steps([1.0], warmup=-1)
+
+
+def test_peak_flops_and_mfu():
+    assert peak_flops("Tesla V100-SXM2-32GB") == 125e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA H200") == 989e12
+    assert peak_flops("cpu (x86_64)") is None and peak_flops(None) is None
+    # REFERENCE.md: 430 TFLOPS on an H200 is about 43% of its peak
+    assert mfu(430.0, "NVIDIA H200") == pytest.approx(0.435, abs=1e-3)
+    assert mfu(430.0, "cpu (x86_64)") is None
+    assert mfu(None, "NVIDIA H200") is None
+
+
+def test_peak_memory_on_cpu_is_peak_rss():
+    rss = peak_rss_bytes()
+    assert rss > 10 * 2**20  # a Python process with pytest loaded uses more than 10 MiB
+    assert peak_memory_bytes("cpu") >= rss

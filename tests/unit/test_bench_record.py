@@ -1,0 +1,119 @@
+"""The result record (slapo_ae.record): round trip, atomic write, validation, DataFrame."""
+import json
+import os
+
+import pytest
+
+from slapo_ae.case import Case
+from slapo_ae.record import (STATUSES, Metrics, Record, RecordError, collect_env,
+                                read_record, records_to_dataframe, write_record)
+
+CASE = Case("slapo-megatron", "bert-xlarge", 2, 512, 0, 56, "56", 0.0, source="e2e.cfg", line=7)
+
+
+def make_record(**kw):
+    metrics = Metrics(samples_per_s=12.5, spread={"min": 12.0, "max": 13.0, "steps": 3},
+                      flops_per_sample=1.1e12, tflops_per_gpu=6.9, mfu=None,
+                      peak_mem_bytes=[100, 120], params=[5, 5], loss=[10.5, 10.25, float("nan")],
+                      step_times=[2.0, 1.0, 1.0], warmup_steps=1)
+    fields = dict(status="ok", case=CASE, metrics=metrics, env={"torch": "2.13.0"},
+                  log_path="logs/x.log", started_at="2026-01-01T00:00:00+00:00")
+    fields.update(kw)
+    return Record(**fields)
+
+
+def test_round_trip(tmp_path):
+    record = make_record()
+    assert record.case["id"] == CASE.id == record.id
+    path = write_record(record, tmp_path / "results" / f"{record.id}.json")
+    back = read_record(path)
+    assert back.case == record.case == CASE.to_record()
+    assert back.metrics.loss[:2] == [10.5, 10.25] and back.metrics.loss[2] != back.metrics.loss[2]
+    back.metrics.loss = record.metrics.loss = []
+    assert back == record
+    assert not [p for p in path.parent.iterdir() if p.name != path.name]
+
+
+def test_failures_are_data(tmp_path):
+    for status in STATUSES:
+        record = make_record(status=status, reason=f"{status} because", metrics=Metrics())
+        assert read_record(write_record(record, tmp_path / f"{status}.json")).status == status
+    with pytest.raises(RecordError, match="status"):
+        make_record(status="crashed")
+
+
+def test_interrupted_write_keeps_the_old_file(tmp_path):
+    path = write_record(make_record(), tmp_path / "case.json")
+    before = path.read_bytes()
+
+    class Unserializable:
+        pass
+
+    # serialization fails midway: the metrics block is already partly written when it hits this
+    broken = make_record(metrics=Metrics(samples_per_s=1.0, extra={"bad": Unserializable()}))
+    with pytest.raises(TypeError):
+        write_record(broken, path)
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["case.json"]  # no temp file left behind
+
+
+def test_numpy_like_scalars_are_serialized(tmp_path):
+    torch = pytest.importorskip("torch")
+    record = make_record(metrics=Metrics(samples_per_s=torch.tensor(3.5),
+                                         loss=torch.tensor([1.0, 2.0])))
+    back = read_record(write_record(record, tmp_path / "t.json"))
+    assert back.metrics.samples_per_s == 3.5 and back.metrics.loss == [1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("{not json", "cannot read"),
+        ("[1, 2]", "JSON object"),
+        (json.dumps({"status": "ok", "case": {}, "metrics": {}}), "lacks reason, env"),
+        (json.dumps({"status": "meh", "reason": "", "case": {}, "metrics": {}, "env": {}}),
+         "status must be one of"),
+        (json.dumps({"status": "ok", "reason": "", "case": [], "metrics": {}, "env": {}}),
+         "must be objects"),
+    ],
+)
+def test_read_record_validates(tmp_path, content, says):
+    path = tmp_path / "r.json"
+    path.write_text(content)
+    with pytest.raises(RecordError) as err:
+        read_record(path)
+    assert str(err.value).startswith(str(path)) and says in str(err.value)
+
+
+def test_unknown_metrics_are_kept_in_extra(tmp_path):
+    data = make_record().to_dict()
+    data["metrics"]["tokens_per_s"] = 99.0
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    assert read_record(path).metrics.extra == {"tokens_per_s": 99.0}
+
+
+def test_collect_env_has_versions_and_host():
+    env = collect_env(device={"device_name": "cpu (test)", "device_count": 0})
+    for key in ("torch", "transformers", "deepspeed", "megatron_core", "slapo", "git_commit",
+                "hostname", "python", "device_name", "device_count"):
+        assert key in env
+    assert env["python"].startswith("3.")
+    assert env["device_name"] == "cpu (test)"
+
+
+def test_records_to_dataframe(tmp_path):
+    pytest.importorskip("pandas")
+    ok = write_record(make_record(), tmp_path / "a.json")
+    oom_case = Case("deepspeed", "t5-3b", 8, 1024, 512, 16, "16", 1.0)
+    oom = write_record(make_record(status="oom", case=oom_case, reason="CUDA out of memory",
+                                   metrics=Metrics()), tmp_path / "b.json")
+    df = records_to_dataframe([ok, oom])
+    assert list(df["status"]) == ["ok", "oom"]
+    assert list(df["case.model"]) == ["bert-xlarge", "t5-3b"]
+    assert df["metrics.samples_per_s"].iloc[0] == 12.5
+    assert df["metrics.spread.max"].iloc[0] == 13.0
+    assert list(df["metrics.peak_mem_bytes_max"])[0] == 120
+    assert df["env.torch"].iloc[0] == "2.13.0"
+    assert list(df["path"]) == [str(ok), str(oom)]
+    assert records_to_dataframe([]).empty

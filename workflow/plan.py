@@ -1,0 +1,225 @@
+"""What the workflow runs: the active profile, its cases, and what each job is given.
+
+Imported by ``workflow/rules/common.smk`` while Snakemake builds the DAG, so it stays light:
+no torch, no pandas, no model building.
+
+Profiles (``configs/config.yaml``, key ``profiles``) name the cfg files of each experiment and
+the run settings (device, dtype, steps, warm-up, timeout). ``profile: auto`` picks one from the
+GPUs visible (:func:`slapo_ae.gpus.visible_gpus`): none -> ``cpu``, 1 to 7 -> ``gpu1``, 8 or
+more -> ``paper`` (:func:`auto_profile`).
+
+Rerun semantics (what Snakemake sees of a case):
+
+- the case with the profile's run settings is the job's ``params`` (:func:`job_case`,
+  :meth:`slapo_ae.case.Case.to_json`), not the cfg file, so editing one cfg line reruns only
+  the cases of that line (and the aggregates that read them);
+- the code a case runs is its ``input``, as the artifact package says
+  (:func:`slapo_ae.sources.case_sources`): editing a family's schedule reruns the cases of
+  Slapo modes on that family and nothing else.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from slapo_ae import gpus
+from slapo_ae.case import Case
+from slapo_ae.cfg import CfgError, parse_cfg
+from slapo_ae.zoo.configs import list_models
+
+EXPERIMENTS = ("e2e", "ablation")
+PROFILE_BY_GPUS = ((8, "paper"), (1, "gpu1"), (0, "cpu"))  # (at least this many GPUs, profile)
+
+
+class PlanError(ValueError):
+    """A config or cfg problem found while planning the DAG (message names the file)."""
+
+
+# ----------------------------------------------------------------------------- GPUs, profile
+
+def gpus_visible(env: dict | None = None) -> int:
+    """GPUs visible to the workflow (:func:`slapo_ae.gpus.visible_gpus`)."""
+    return gpus.visible_gpus(env)
+
+
+def auto_profile(gpus: int) -> str:
+    """The profile ``profile: auto`` picks for ``gpus`` visible GPUs."""
+    for minimum, name in PROFILE_BY_GPUS:
+        if gpus >= minimum:
+            return name
+    return "cpu"
+
+
+def resolve(config: dict, env: dict | None = None) -> dict:
+    """The settings of the active profile, completed: ``{"name", "gpus_available", "device",
+    "dtype", "steps", "warmup", "timeout", "max_gpus", "experiments": {exp: [cfg, ...]}}``.
+
+    ``config["gpus"]``: ``"auto"`` (detect) or a number; ``config["profile"]``: ``"auto"`` or
+    a key of ``config["profiles"]``.
+    """
+    gpus = config.get("gpus", "auto")
+    gpus = gpus_visible(env) if gpus in ("auto", None) else int(gpus)
+    name = config.get("profile", "auto")
+    name = auto_profile(gpus) if name in ("auto", None) else str(name)
+    profiles = config.get("profiles", {})
+    if name not in profiles:
+        raise PlanError(f"profile {name!r} is not defined in the config; "
+                        f"defined: {', '.join(sorted(profiles))}")
+    settings = dict(profiles[name])
+    settings["name"] = name
+    settings["gpus_available"] = gpus
+    settings.setdefault("max_gpus", max(gpus, 1))
+    settings["experiments"] = {exp: list(settings.get("experiments", {}).get(exp, []))
+                               for exp in EXPERIMENTS}
+    return settings
+
+
+# ----------------------------------------------------------------------------- cases
+
+def load_cases(settings: dict, root: Path | str = ".") -> dict[str, dict[str, Case]]:
+    """``{experiment: {case_id: Case}}`` of the profile's cfg files, in file order.
+
+    Raises :class:`PlanError` listing every bad line (``file:line: ...``) and any case id that
+    two cfg files of one experiment both define.
+    """
+    root = Path(root)
+    models = set(list_models())
+    errors, cases = [], {}
+    for exp, cfgs in settings["experiments"].items():
+        cases[exp] = {}
+        for cfg in cfgs:
+            path = root / cfg
+            if not path.is_file():
+                errors.append(f"{cfg}: no such cfg file (profile {settings['name']}, {exp})")
+                continue
+            try:
+                parsed = parse_cfg(path, max_gpus=settings["max_gpus"], known_models=models)
+            except CfgError as err:
+                errors.extend(e.replace(str(path), cfg, 1) for e in err.errors)
+                continue
+            for case in parsed:
+                if case.id in cases[exp]:
+                    first = cases[exp][case.id]
+                    errors.append(f"{cfg}:{case.line}: duplicate case {case.id} "
+                                  f"(also at {first.where})")
+                else:
+                    cases[exp][case.id] = case
+    if errors:
+        raise PlanError("\n".join(errors))
+    return cases
+
+
+def job_case(case: Case, settings: dict) -> Case:
+    """What a case's job is given (its Snakemake ``params``): the case with the profile's run
+    settings that shape the result (steps, warm-up, dtype, device). No cfg file name or line
+    number, so moving a line reruns nothing; no timeout (a job resource), so raising it does
+    not rerun finished cases."""
+    return case.for_run(settings["steps"], settings["warmup"], settings["dtype"],
+                        settings["device"])
+
+
+def gpus_resource(case: Case, settings: dict) -> int:
+    """The ``gpus`` resource of a case's job: its GPU count on CUDA, 0 on CPU ranks."""
+    return case.gpus if settings["device"] == "cuda" else 0
+
+
+def threads(case: Case, settings: dict, cores: int | None) -> int:
+    """Cores a case's job holds (its ``threads``), out of the ``cores`` the workflow may use
+    (``workflow.cores``; None: this machine's).
+
+    On CPU all of them, so that cases run one at a time and none measures beside another's
+    start-up or steps (docs/workflow.md, "Measurements the claims stand on"). On CUDA the
+    share of the cores that the case's GPUs are of the machine's, at least one.
+    """
+    cores = cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
+    if settings["device"] == "cpu":
+        return cores
+    gpus_available = max(int(settings.get("gpus_available") or 0), case.gpus, 1)
+    return max(1, cores * case.gpus // gpus_available)
+
+
+def rank_cores(case: Case, settings: dict, cores: int | None) -> int:
+    """Cores a case's ranks share (the harness's ``--cores``; each rank runs
+    ``max(1, rank_cores // ranks)`` threads, :mod:`slapo_ae.harness.threads`): on CPU one per rank,
+    a rank standing for a GPU; on CUDA all the job holds (:func:`threads`)."""
+    if settings["device"] == "cpu":
+        return case.gpus
+    return threads(case, settings, cores)
+
+
+def python_on_path() -> None:
+    """Put this interpreter's directory first on ``PATH``, so that the jobs' ``python`` is
+    the one running Snakemake (the project's virtual environment) even when it is not
+    activated."""
+    bindir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[:1] != [bindir]:
+        os.environ["PATH"] = os.pathsep.join([bindir, path]) if path else bindir
+
+
+SLOTS_DIR_ENV = "SLAPO_GPU_SLOTS_DIR"
+SLOTS_TOTAL_ENV = "SLAPO_GPU_SLOTS_TOTAL"
+
+
+def export_slots(config: dict, settings: dict) -> None:
+    """Tell the case runners where the GPU slots are (environment variables the jobs inherit;
+    not params, so a new lock folder reruns nothing). Cleared on CPU profiles and with
+    ``gpu_slots: false``."""
+    if settings["device"] == "cuda" and config.get("gpu_slots", True):
+        os.environ[SLOTS_DIR_ENV] = slots_dir(config)
+        os.environ[SLOTS_TOTAL_ENV] = str(settings["gpus_available"])
+    else:
+        os.environ.pop(SLOTS_DIR_ENV, None)
+        os.environ.pop(SLOTS_TOTAL_ENV, None)
+
+
+def runtime_minutes(settings: dict) -> int:
+    """The ``runtime`` resource of a case (minutes, for cluster schedulers): its timeout plus
+    the runner's grace period."""
+    from slapo_ae.harness.runner import GRACE_S  # the runner's module is light as well
+
+    return -(-(int(settings["timeout"]) + GRACE_S) // 60)
+
+
+def slots_dir(config: dict) -> str:
+    """Where the GPU slot locks live: ``config["gpu_slots_dir"]`` or a per-user temp folder
+    (machine-wide, so two workflows on one machine share the GPUs fairly)."""
+    configured = config.get("gpu_slots_dir") or ""
+    if configured:
+        return configured
+    tmp = os.environ.get("TMPDIR", "/tmp")
+    user = os.environ.get("USER") or str(os.getuid())
+    return str(Path(tmp) / f"slapo-gpu-slots-{user}")
+
+
+def main(argv=None) -> int:
+    """``python workflow/plan.py [--gpus]``: the active profile and its cases (``--gpus``:
+    only the GPU count, e.g. for ``--resources gpus=N``)."""
+    import argparse
+
+    import yaml
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--config", default="configs/config.yaml")
+    parser.add_argument("--profile", default=None, help="override the config's profile")
+    parser.add_argument("--gpus", action="store_true", help="print the GPUs detected, only")
+    args = parser.parse_args(argv)
+    if args.gpus:
+        print(gpus_visible())
+        return 0
+    config = yaml.safe_load(Path(args.config).read_text())
+    if args.profile:
+        config["profile"] = args.profile
+    settings = resolve(config)
+    cases = load_cases(settings)
+    print(f"profile {settings['name']} ({settings['gpus_available']} GPUs visible, device "
+          f"{settings['device']}, {settings['dtype']}, {settings['steps']} steps of which "
+          f"{settings['warmup']} warm-up)")
+    for exp, found in cases.items():
+        print(f"  {exp}: {len(found)} cases from {', '.join(settings['experiments'][exp])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
