@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE := 1
 export DS_BUILD_OPS := 0
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 
-.PHONY: venv test reproduce clean docker docker-test
+.PHONY: venv lint test reproduce clean docker docker-test
 
 venv: $(STAMP)
 
@@ -28,7 +28,12 @@ SNAKEMAKE = $(VENV)/bin/snakemake --workflow-profile workflow/profiles/default
 # GPUs Snakemake may hand out at once (0 without GPUs); evaluated when a recipe runs.
 GPUS = $(shell $(PY) -m slapo_ae.gpus)
 
-test: $(STAMP)
+# The linter and the dependency contract of pyproject.toml (workflow -> slapo_ae -> slapo).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(VENV_PATH) $(PY) -m pytest
 
 # The evaluation workflow for the profile that fits this machine (cpu when no GPU is visible),

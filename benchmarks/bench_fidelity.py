@@ -32,7 +32,6 @@ import tempfile
 from pathlib import Path
 
 import yaml
-
 from harness_runs import ROOT, case_label, fmt, load, rate, run_by_hand, summary, user_env
 
 sys.path.insert(0, str(ROOT / "tests" / "workflow"))

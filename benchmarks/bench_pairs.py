@@ -23,7 +23,6 @@ import tempfile
 from pathlib import Path
 
 import yaml
-
 from harness_runs import ROOT, case_label, fmt, load, rate, run_by_hand, summary
 
 ENGINES = {"megatron": "slapo-megatron", "deepspeed": "slapo-deepspeed"}
@@ -37,9 +36,9 @@ def shape(case) -> tuple:
 
 
 def pairs(kinds, models) -> list[tuple]:
+    from slapo.bench.workflow.plan import model_family
     from slapo_ae.cfg import parse_cfg
     from slapo_ae.harness.systems.megatron import SUPPORTED
-    from slapo.bench.workflow.plan import model_family
 
     found = []
     cases = {(c.mode, c.model, c.gpus): c for c in parse_cfg(E2E_CFG, max_gpus=2)}

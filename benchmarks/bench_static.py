@@ -93,7 +93,7 @@ def bench_bias_gelu(batch: int, seq: int, repeat: int) -> None:
     for label, fn in (("eager F.gelu(x + b)", eager), ("fused (inductor)", fused)):
         with torch.no_grad():
             fn(x, bias)
-            fwd = median_time(lambda: fn(x, bias), repeat)
+            fwd = median_time(lambda fn=fn: fn(x, bias), repeat)
 
         def train_step(fn=fn):
             xg.grad = bg.grad = None

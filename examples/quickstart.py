@@ -16,8 +16,8 @@ from torch import nn
 
 import slapo
 from slapo.model_schedule import schedule_model
-from slapo_ae.zoo import build_model, no_dropout, synthetic_batch
 from slapo.verify import train_side_by_side
+from slapo_ae.zoo import build_model, no_dropout, synthetic_batch
 
 
 def say(*args):

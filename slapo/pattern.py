@@ -15,7 +15,8 @@ from __future__ import annotations
 import inspect
 import operator
 import re
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch.fx as fx
 from torch import nn

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import types
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch.distributed as dist
 from torch import nn

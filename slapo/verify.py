@@ -7,15 +7,14 @@ are compared by relative error ``||a - b|| / max(||b||, 1e-3)``. Every rank comp
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import torch
 from torch import nn
 
 from .primitives.shard import shard_spec
 from .sharding import gather_sharded
-
 
 # Floor of the denominator: a gradient that is mathematically zero (a key bias under softmax)
 # is numerical noise of ~1e-8, so it is compared absolutely rather than relatively.

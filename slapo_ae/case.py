@@ -97,7 +97,7 @@ class Case:
     def where(self) -> str:
         return f"{self.source}:{self.line}"
 
-    def for_run(self, steps: int, warmup: int, dtype: str, device: str) -> "Case":
+    def for_run(self, steps: int, warmup: int, dtype: str, device: str) -> Case:
         """The case as a job runs it: with run settings, the batch as its value (editing the
         expression but not its value reruns nothing), and no source or line."""
         return dataclasses.replace(self, steps=int(steps), warmup=int(warmup), dtype=dtype,
@@ -111,7 +111,7 @@ class Case:
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> "Case":
+    def from_json(cls, text: str) -> Case:
         data = json.loads(text)
         if not isinstance(data, dict):
             raise CaseError(f"a case is a JSON object, got {type(data).__name__}")

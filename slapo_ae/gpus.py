@@ -5,11 +5,12 @@
 planner picks its profile from it, ``slapo-bench run --device auto`` its device, the
 launcher refuses a case that asks for more, and the case runner names the device in the
 records it writes itself. Inside a rank, torch describes the device it trains on
-(:func:`slapo_ae.record.device_info`).
+(:func:`slapo_ae.harness.metrics.device_info`).
 """
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 
@@ -46,6 +47,15 @@ def gpu_name(visible: str | None = None) -> str | None:
         args += ["-i", visible.split(",")[0]]
     lines = _smi(*args)
     return lines[0].strip() if lines else None
+
+
+def describe(device: str, count: int, visible: str | None = None) -> dict:
+    """The record's device fields for a run on ``device`` with ``count`` GPUs of ``visible``
+    (a ``CUDA_VISIBLE_DEVICES`` value), as far as they are known outside the ranks."""
+    if device != "cuda":
+        return {"device_name": f"cpu ({platform.machine()})", "device_count": 0, "cuda": None}
+    return {"device_name": gpu_name(visible) or "cuda (unknown)", "device_count": count,
+            "cuda": None}
 
 
 if __name__ == "__main__":  # `python -m slapo_ae.gpus`: the count, e.g. for --resources gpus=N

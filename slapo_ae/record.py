@@ -48,7 +48,7 @@ class Metrics:
     extra: dict = dataclasses.field(default_factory=dict)  # mode-specific numbers
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Metrics":
+    def from_dict(cls, data: dict) -> Metrics:
         names = {f.name for f in dataclasses.fields(cls)}
         known = {k: v for k, v in data.items() if k in names}
         extra = {k: v for k, v in data.items() if k not in names}
@@ -89,7 +89,7 @@ class Record:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Record":
+    def from_dict(cls, data: dict) -> Record:
         missing = [k for k in REQUIRED_KEYS if k not in data]
         if missing:
             raise RecordError(f"record lacks {', '.join(missing)}")
@@ -101,7 +101,7 @@ class Record:
 
 def now() -> str:
     """The current time, UTC, ISO 8601 (for ``started_at`` / ``finished_at``)."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def package_version(dist: str) -> str | None:
@@ -117,8 +117,10 @@ def git_commit(path=None) -> str | None:
     cwd = Path(path or __file__).resolve()
     cwd = cwd if cwd.is_dir() else cwd.parent
     try:
-        run = lambda *args: subprocess.run(["git", *args], cwd=cwd, capture_output=True,
-                                           text=True, timeout=10)
+        def run(*args):
+            return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                                  timeout=10)
+
         head = run("rev-parse", "HEAD")
         if head.returncode:
             return None
@@ -128,21 +130,11 @@ def git_commit(path=None) -> str | None:
         return None
 
 
-def device_info() -> dict:
-    """Accelerator name and count (CUDA through torch), or the CPU when there is none."""
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is not None and torch.cuda.is_available():
-        return {"device_name": torch.cuda.get_device_name(0),
-                "device_count": torch.cuda.device_count(), "cuda": torch.version.cuda}
-    return {"device_name": f"cpu ({platform.machine()})", "device_count": 0, "cuda": None}
-
-
-def collect_env(device: dict | None = None) -> dict:
-    """The environment a record was measured in: device, package versions, commit, host."""
-    env = dict(device if device is not None else device_info())
+def collect_env(device: dict) -> dict:
+    """The environment a record was measured in: ``device`` (name, count, CUDA version:
+    :func:`slapo_ae.gpus.describe`, or torch's view inside a rank), package versions, commit,
+    host."""
+    env = dict(device)
     env.update({name: package_version(dist) for name, dist in PACKAGES.items()})
     env.update({"git_commit": git_commit(), "hostname": socket.gethostname(),
                 "python": platform.python_version(), "platform": platform.platform(),
@@ -150,13 +142,13 @@ def collect_env(device: dict | None = None) -> dict:
     return env
 
 
-def non_ok(case: dict, status: str, reason: str, *, log_path=None, started_at=None,
-           env: dict | None = None, extra: dict | None = None) -> Record:
+def non_ok(case: dict, status: str, reason: str, *, env: dict, log_path=None, started_at=None,
+           extra: dict | None = None) -> Record:
     """The record of a case that measured nothing (``unsupported``, ``failed``, ``oom``): the
     one factory of such records, whoever finds the failure (the case runner, the launcher, a
     rank, the CLI). ``extra`` goes to ``metrics.extra`` (run id, notes, who recorded it)."""
     return Record(status=status, case=case, reason=reason, metrics=Metrics(extra=dict(extra or {})),
-                  env=collect_env() if env is None else env, log_path=log_path,
+                  env=env, log_path=log_path,
                   started_at=started_at or now(), finished_at=now())
 
 

@@ -7,8 +7,10 @@ package that owns the files (the planner only asks).
   modules and its own family's schedule, which ``slapo.model_schedule`` names after the
   model type (``bert.py``), so that editing ``bert.py`` reruns the BERT cases of Slapo modes
   and nothing else.
-- An aggregate (CSV, figure, Table 4, claims) runs the analysis: ``slapo_ae/analysis`` and the
-  record reader; ``gaps`` also reruns cases under the profiler, so the case code too.
+- An analysis step (CSV, figure, Table 4, claims) runs its module of ``slapo_ae/analysis`` and
+  the modules that one imports (:data:`ANALYSIS_STEPS`, checked against the imports by
+  ``tests/unit/test_layout.py``); ``gaps`` also reruns cases under the profiler, so the case
+  code too. Editing ``plots.py`` redraws the figures and reruns nothing else.
 
 Paths are relative to the checkout's root, sorted, and light to compute (no imports of
 torch, no parsing of the code): the planner calls this for every case while Snakemake builds
@@ -22,9 +24,15 @@ from slapo_ae import paths
 from slapo_ae.zoo.configs import FAMILIES
 
 SCHEDULES = "slapo/model_schedule"
-ANALYSIS = "slapo_ae/analysis"
 NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis")  # planning and analysis, not a case
-RECORDS = ("slapo_ae/record.py", "slapo_ae/atomic.py", "slapo_ae/case.py", "slapo_ae/paths.py")
+# The modules of slapo_ae each analysis step imports (module-level), its own first.
+ANALYSIS_STEPS = {
+    "aggregate": ("analysis/aggregate", "atomic"),
+    "plots": ("analysis/plots", "analysis/aggregate", "atomic"),
+    "table4": ("analysis/table4", "analysis/loc", "paths", "sources", "zoo/configs"),
+    "claims": ("analysis/claims", "analysis/aggregate", "atomic"),
+    "gaps": ("analysis/gaps", "analysis/claims", "analysis/aggregate", "atomic"),
+}
 
 
 def _py_files(root: Path, folder: str) -> list[str]:
@@ -81,11 +89,10 @@ def case_sources(case, root: Path | str = paths.ROOT, code: list[str] | None = N
     return files
 
 
-def analysis_sources(root: Path | str = paths.ROOT, runs_cases: bool = False) -> list[str]:
-    """Files whose change reruns an aggregate; ``runs_cases`` for one that also runs cases
-    (``gaps``)."""
-    root = Path(root)
-    files = _py_files(root, ANALYSIS) + [f for f in RECORDS if (root / f).is_file()]
-    if runs_cases:
+def analysis_sources(step: str, root: Path | str = paths.ROOT) -> list[str]:
+    """Files whose change reruns the analysis ``step`` (a key of :data:`ANALYSIS_STEPS`);
+    for ``gaps`` the case code as well, since it reruns cases under the profiler."""
+    files = [f"slapo_ae/{name}.py" for name in ANALYSIS_STEPS[step]]
+    if step == "gaps":
         files += [f for f in case_code(root) if f not in files]
     return files

@@ -29,8 +29,14 @@ import types
 import torch.nn.functional as F
 from torch import nn
 
-from ..op import CoreAttention, Dropout, LinearGeLU, gelu_approximation, register_hf_attention
-from ..op import vocab_parallel_cross_entropy
+from ..op import (
+    CoreAttention,
+    Dropout,
+    LinearGeLU,
+    gelu_approximation,
+    register_hf_attention,
+    vocab_parallel_cross_entropy,
+)
 from ..sharding import all_reduce_backward
 
 

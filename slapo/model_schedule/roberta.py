@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import (fuse_bias_gelu, shard_attention, shard_column_row, shard_vocab,
-                     tensor_parallel, use_kernels)
+from .common import (
+    fuse_bias_gelu,
+    shard_attention,
+    shard_column_row,
+    shard_vocab,
+    tensor_parallel,
+    use_kernels,
+)
 
 
 def schedule(sch, opts) -> None:

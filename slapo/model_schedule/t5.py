@@ -5,8 +5,14 @@ FFN. Both stacks count as layers for the checkpoint ratio, encoder blocks first.
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import (all_reduce_output_grad, shard_attention, shard_column_row, shard_vocab,
-                     tensor_parallel, use_kernels)
+from .common import (
+    all_reduce_output_grad,
+    shard_attention,
+    shard_column_row,
+    shard_vocab,
+    tensor_parallel,
+    use_kernels,
+)
 
 
 def schedule(sch, opts) -> None:

@@ -11,10 +11,16 @@ their own. Each op picks its kernel by the device its tensors are on (``kernel_c
 
 from .cross_entropy import vocab_parallel_cross_entropy
 from .dropout import Dropout, dropout, dropout_kernel
-from .gelu import (LinearGeLU, bias_gelu, bias_gelu_kernel, compiled_kernel_state,
-                   gelu_approximation)
-from .sdpa import (SLAPO_ATTENTION, CoreAttention, attention, hf_attention_forward, math_attention,
-                   merge_masks, register_hf_attention)
+from .gelu import LinearGeLU, bias_gelu, bias_gelu_kernel, compiled_kernel_state, gelu_approximation
+from .sdpa import (
+    SLAPO_ATTENTION,
+    CoreAttention,
+    attention,
+    hf_attention_forward,
+    math_attention,
+    merge_masks,
+    register_hf_attention,
+)
 
 __all__ = ["SLAPO_ATTENTION", "CoreAttention", "Dropout", "LinearGeLU", "attention", "bias_gelu",
            "bias_gelu_kernel", "compiled_kernel_state", "dropout", "dropout_kernel",

@@ -7,7 +7,7 @@ shows a primitive's documentation.
 from __future__ import annotations
 
 import difflib
-from typing import Callable
+from collections.abc import Callable
 
 _PRIMITIVES: dict[str, Callable] = {}
 
@@ -37,5 +37,16 @@ def list_primitives() -> list[str]:
 
 
 # Importing the modules registers the primitives.
-from . import annotate, checkpoint, fork_rng, replace, shard, sync  # noqa: E402,F401
-from . import cut_pipeline_stage, decompose, find, fuse, trace  # noqa: E402,F401  (static graphs)
+from . import (  # noqa: E402,F401  # noqa: E402,F401  (static graphs)
+    annotate,
+    checkpoint,
+    cut_pipeline_stage,
+    decompose,
+    find,
+    fork_rng,
+    fuse,
+    replace,
+    shard,
+    sync,
+    trace,
+)

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 
-from ..pattern import (as_subgraph, extract_graph_module, fresh_name, graph_module_of,
-                       node_inputs, splice)
+from ..pattern import (
+    as_subgraph,
+    extract_graph_module,
+    fresh_name,
+    graph_module_of,
+    node_inputs,
+    splice,
+)
 
 
 def _snake(name: str) -> str:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from .. import state
-from ..pattern import (as_subgraph, extract_graph_module, fresh_name, graph_module_of,
-                       node_inputs, splice)
+from ..pattern import (
+    as_subgraph,
+    extract_graph_module,
+    fresh_name,
+    graph_module_of,
+    node_inputs,
+    splice,
+)
 from . import register_primitive
 
 

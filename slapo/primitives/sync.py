@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..hooks import map_first_input, post_chain
 from ..sharding.collectives import FORWARD_OPS, apply_backward_op, apply_forward_op

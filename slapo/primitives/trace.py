@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..tracing import has_foreign_hooks, is_traced, trace_module
 from . import register_primitive

@@ -9,7 +9,7 @@ All of them work on gloo (CPU) and NCCL (CUDA); with world size 1 they are ident
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

@@ -38,8 +38,13 @@ import math
 import sys
 from pathlib import Path
 
-from slapo_ae.analysis.aggregate import (ABLATION_LABELS, ABLATION_STEPS, BASELINES, SLAPO_SYSTEMS,
-                                   SYSTEM_LABELS)
+from slapo_ae.analysis.aggregate import (
+    ABLATION_LABELS,
+    ABLATION_STEPS,
+    BASELINES,
+    SLAPO_SYSTEMS,
+    SYSTEM_LABELS,
+)
 
 PASS, FAIL, INCONCLUSIVE, NOT_RUN = "PASS", "FAIL", "INCONCLUSIVE", "NOT-RUN"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_RUN)
@@ -310,7 +315,7 @@ def check_all(e2e, ablation, loc, options: dict | None = None, gaps: dict | None
                         else [])})
     rows = [r for df in (e2e, ablation) for r in table_rows(df)]
     return {
-        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "generated_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "profile": ", ".join(profiles) or None,
         "setting": setting_note([e2e, ablation]),
         "hardware": hardware(rows),

@@ -27,14 +27,21 @@ import sys
 from pathlib import Path
 
 from slapo_ae.analysis.aggregate import ABLATION_LABELS, ABLATION_STEPS, SYSTEM_LABELS
+from slapo_ae.analysis.claims import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    compare,
+    ok_rate,
+    read_table,
+    table_rows,
+)
 from slapo_ae.atomic import write_text
-from slapo_ae.analysis.claims import (FAIL, INCONCLUSIVE, PASS, compare, ok_rate, read_table,
-                                table_rows)
-from slapo_ae.harness.profiling import COLLECTIVE
-from slapo_ae.record import read_record
 from slapo_ae.case import Case, parse_ckpt
-from slapo_ae.harness.runspec import default_timeout
+from slapo_ae.harness.profiling import COLLECTIVE
 from slapo_ae.harness.runner import DEFAULT_HARNESS, harness_command, harness_env
+from slapo_ae.harness.runspec import default_timeout
+from slapo_ae.record import read_record
 
 ENGINE_PAIRS = (("megatron", "slapo-megatron"), ("deepspeed", "slapo-deepspeed"))
 RELATION = {PASS: "ahead", FAIL: "behind", INCONCLUSIVE: "within the noise"}

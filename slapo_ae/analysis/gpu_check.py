@@ -166,8 +166,8 @@ def judge(folder) -> list[Verdict]:
 def run(cfg, out, steps: int, warmup: int, dtype: str, device: str, budget_s: float,
         timeout_s: float) -> int:
     """Run every case of ``cfg`` not yet settled in ``out``; returns how many were left out."""
-    from slapo_ae.harness import cli
     from slapo_ae.cfg import parse_cfg
+    from slapo_ae.harness import cli
     from slapo_ae.record import RecordError, read_record
 
     out = Path(out)

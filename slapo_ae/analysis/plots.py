@@ -19,8 +19,13 @@ import sys
 from pathlib import Path
 
 from slapo_ae import atomic
-from slapo_ae.analysis.aggregate import (ABLATION_LABELS, ABLATION_STEPS, SYSTEM_LABELS, SYSTEMS,
-                                   model_meta)
+from slapo_ae.analysis.aggregate import (
+    ABLATION_LABELS,
+    ABLATION_STEPS,
+    SYSTEM_LABELS,
+    SYSTEMS,
+    model_meta,
+)
 
 COLORS = {"megatron": "#4c72b0", "deepspeed": "#dd8452", "slapo-megatron": "#55a868",
           "slapo-deepspeed": "#c44e52"}

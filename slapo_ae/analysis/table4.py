@@ -89,7 +89,10 @@ def _tex_escape(text: str) -> str:
 def to_latex(df) -> str:
     """Table 4 as a LaTeX table (models as columns, as in the paper), booktabs-free."""
     models = [_tex_escape(m) for m in df["model"]]
-    row = lambda name, values: " & ".join([name] + [_cell(v) for v in values]) + r" \\"
+
+    def row(name, values):
+        return " & ".join([name] + [_cell(v) for v in values]) + r" \\"
+
     return "\n".join([
         r"\begin{table}[t]",
         r"\centering",

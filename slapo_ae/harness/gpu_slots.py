@@ -55,7 +55,7 @@ class Allocation:
                 os.close(fd)
         self.fds = []
 
-    def __enter__(self) -> "Allocation":
+    def __enter__(self) -> Allocation:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import platform
 import resource
 import statistics
 import sys
@@ -99,3 +100,13 @@ def reset_peak_memory(device=None) -> None:
     if torch is not None and torch.cuda.is_available():
         if device is None or torch.device(device).type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+
+
+def device_info() -> dict:
+    """Accelerator name and count (CUDA through torch), or the CPU when there is none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {"device_name": torch.cuda.get_device_name(0),
+                "device_count": torch.cuda.device_count(), "cuda": torch.version.cuda}
+    return {"device_name": f"cpu ({platform.machine()})", "device_count": 0, "cuda": None}

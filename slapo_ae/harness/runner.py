@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import sys
 import tempfile
@@ -60,17 +59,10 @@ def harness_command(harness: str, case: Case, timeout: float, out: str, log: str
                   *(["--cores", str(cores)] if cores else []), "--out", out, "--log", log]
 
 
-def _device(case: Case, visible: str | None) -> dict:
-    if case.device != "cuda":
-        return {"device_name": f"cpu ({platform.machine()})", "device_count": 0, "cuda": None}
-    return {"device_name": gpus.gpu_name(visible) or "cuda (unknown)",
-            "device_count": case.gpus, "cuda": None}
-
-
 def write_own_record(case: Case, out: str, log: str, status: str, reason: str,
                      visible: str | None = None, started: str | None = None) -> None:
     write_record(non_ok(case.to_record(), status, reason, log_path=log, started_at=started,
-                        env=collect_env(_device(case, visible)),
+                        env=collect_env(gpus.describe(case.device, case.gpus, visible)),
                         extra={"recorded_by": "slapo_ae.harness.runner"}), out)
 
 

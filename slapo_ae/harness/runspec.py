@@ -47,11 +47,16 @@ class RunSpec:
 
     def non_ok_record(self, status: str, reason: str, **extra):
         """A record of this launch that measured nothing (:func:`slapo_ae.record.non_ok`)."""
+        import os
+
+        from slapo_ae import gpus
         from slapo_ae.record import collect_env, non_ok
 
+        device = gpus.describe(self.case.device, self.case.gpus,
+                               os.environ.get("CUDA_VISIBLE_DEVICES"))
         return non_ok(self.case_dict(), status, reason, log_path=self.log,
                       started_at=_iso(self.launch_time),
-                      env={**collect_env(), **self.thread_budget().as_env_record()},
+                      env={**collect_env(device), **self.thread_budget().as_env_record()},
                       extra={"run_id": self.run_id, "dtype": self.case.dtype,
                              "device": self.case.device, **extra})
 
@@ -65,7 +70,7 @@ class RunSpec:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "RunSpec":
+    def from_json(cls, text: str) -> RunSpec:
         data = json.loads(text)
         return cls(**{**data, "case": Case(**data["case"])})
 
@@ -75,4 +80,4 @@ def _iso(t: float | None) -> str | None:
 
     if t is None:
         return None
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="seconds")

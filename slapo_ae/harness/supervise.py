@@ -8,9 +8,9 @@ SIGINT, SIGHUP: then :class:`Interrupted` is raised once the tree is down).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
-import dataclasses
 import subprocess
 import time
 from pathlib import Path

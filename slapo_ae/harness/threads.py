@@ -56,7 +56,7 @@ class ThreadBudget:
     inter_op: int = INTEROP_THREADS
 
     @classmethod
-    def for_case(cls, cores: int, ranks: int) -> "ThreadBudget":
+    def for_case(cls, cores: int, ranks: int) -> ThreadBudget:
         if cores < 1 or ranks < 1:
             raise ValueError(f"cores ({cores}) and ranks ({ranks}) must be at least 1")
         return cls(cores=cores, ranks=ranks, intra_op=max(1, cores // ranks))

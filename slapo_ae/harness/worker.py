@@ -153,18 +153,17 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
 def iso(t: float | None) -> str | None:
     if t is None:
         return None
-    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.fromtimestamp(t, _dt.UTC).isoformat(timespec="seconds")
 
 
 def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list[dict]):
     """The ``ok`` record from the averaged losses and every rank's numbers."""
-    from slapo_ae.harness import flops
-    from slapo_ae.harness import metrics
+    from slapo_ae.harness import flops, metrics
     from slapo_ae.record import Metrics, Record, collect_env, now
 
     step_times = [max(rank["step_times"][i] for rank in gathered) for i in range(spec.case.steps)]
     thr = metrics.throughput(step_times, spec.case.batch_size, spec.case.warmup)
-    env = collect_env()
+    env = collect_env(metrics.device_info())
     budget = spec.thread_budget()
     env.update({"world_size": ctx.world_size, "backend": "nccl" if ctx.device.type == "cuda"
                 else "gloo", **budget.as_env_record(),
@@ -235,10 +234,9 @@ def run(spec: RunSpec) -> int:
         import torch
         import torch.distributed as dist
 
-        from slapo_ae.harness import metrics
-        from slapo_ae.harness import threads
-        from slapo_ae.record import write_record
+        from slapo_ae.harness import metrics, threads
         from slapo_ae.harness.systems import DistContext, Unsupported, get_system
+        from slapo_ae.record import write_record
 
         threads.apply_in_rank(spec.thread_budget())  # before any torch work
 

@@ -6,9 +6,9 @@ import copy
 
 import slapo
 from slapo.model_schedule import schedule_model
-from slapo_ae.zoo import build_model, model_family, no_dropout, synthetic_batch
 from slapo.sharding import gather_sharded
 from slapo.verify import train_side_by_side
+from slapo_ae.zoo import build_model, model_family, no_dropout, synthetic_batch
 
 TINY = {"bert": "bert-tiny", "roberta": "roberta-tiny", "gpt_neo": "gpt-neo-tiny",
         "opt": "opt-tiny", "t5": "t5-tiny", "llama": "llama-tiny",

@@ -3,12 +3,12 @@
 import copy
 
 import torch
+from distributed import run_ranks
+from tiny_modules import small_bert_config
 from torch import nn
 
 import slapo
-from distributed import run_ranks
 from slapo.verify import relative_error
-from tiny_modules import small_bert_config
 
 
 def _grads(model):

@@ -5,9 +5,9 @@ WideResNet's bottleneck blocks. ``round`` is Python's (half to even: 2.5 -> 2)."
 
 import pytest
 import torch
+from sched_helpers import TINY, assert_equal_training, side_by_side
 
 import slapo
-from sched_helpers import TINY, assert_equal_training, side_by_side
 from slapo.model_schedule import checkpoint_layers, schedule_model
 from slapo_ae.zoo import build_model
 

@@ -10,15 +10,15 @@ a query row that sees no key), and the schedules' replacement of every ``nn.Drop
 import pytest
 import torch
 import torch.nn.functional as F
+from sched_helpers import TINY
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import slapo
-from sched_helpers import TINY
 from slapo.model_schedule import schedule_model
-from slapo_ae.zoo import build_model
 from slapo.op import Dropout, attention, dropout, dropout_kernel, math_attention
 from slapo.verify import relative_error
+from slapo_ae.zoo import build_model
 
 TOL = 1e-5
 

@@ -12,12 +12,18 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from sched_helpers import TINY, assert_equal_training, side_by_side, worst
 from torch import nn
 
 import slapo.op.sdpa as sdpa_module
-from sched_helpers import TINY, assert_equal_training, side_by_side, worst
-from slapo.op import (CoreAttention, LinearGeLU, attention, bias_gelu, compiled_kernel_state,
-                      gelu_approximation)
+from slapo.op import (
+    CoreAttention,
+    LinearGeLU,
+    attention,
+    bias_gelu,
+    compiled_kernel_state,
+    gelu_approximation,
+)
 from slapo.verify import relative_error
 
 TOL = 1e-5

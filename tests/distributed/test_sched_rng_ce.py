@@ -18,15 +18,15 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from distributed import run_ranks
 
 import slapo
-from distributed import run_ranks
 from slapo.hooks import map_first_tensor
 from slapo.model_schedule import schedule_model
-from slapo_ae.zoo import build_model, synthetic_batch
 from slapo.op import vocab_parallel_cross_entropy
 from slapo.sharding import gather_sharded
 from slapo.verify import relative_error
+from slapo_ae.zoo import build_model, synthetic_batch
 
 # family: (dropout overrides, [(parameter regex, axis) to equalise across the two shards],
 #          modules whose INPUT is sharded, modules whose OUTPUT is replicated)

@@ -16,9 +16,9 @@ Two schedules per family, both against the plain eager model:
 
 import pytest
 import torch
-
 from distributed import run_ranks
 from sched_helpers import TINY, assert_equal_training, side_by_side, worst
+
 from slapo.primitives.shard import shard_spec
 from slapo.sharding import gather_sharded
 from slapo.verify import relative_error

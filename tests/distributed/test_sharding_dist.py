@@ -4,10 +4,10 @@ with an all-gather, a reduce-scatter, and the errors that depend on the world si
 import copy
 
 import torch
+from distributed import run_ranks
 from torch import nn
 
 import slapo
-from distributed import run_ranks
 from slapo.verify import train_side_by_side
 
 TOL = 1e-5

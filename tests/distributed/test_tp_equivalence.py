@@ -9,13 +9,19 @@ import copy
 
 import pytest
 import torch
+from distributed import run_ranks
+from tiny_modules import (
+    AttentionBlock,
+    MLPBlock,
+    bert_batch,
+    schedule_attention,
+    schedule_mlp,
+    small_bert_config,
+)
 
 import slapo
-from distributed import run_ranks
 from slapo.model_schedule.bert import shard_bert
 from slapo.verify import train_side_by_side
-from tiny_modules import (AttentionBlock, MLPBlock, bert_batch, schedule_attention,
-                          schedule_mlp, small_bert_config)
 
 TOL = 1e-5
 STEPS = 3

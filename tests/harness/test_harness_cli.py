@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from harness_util import TINY, slapo_bench
+
+from slapo_ae.case import Case
 from slapo_ae.harness import cli
-from slapo_ae.record import read_record
 from slapo_ae.harness.runspec import RunSpec, default_timeout
+from slapo_ae.record import read_record
 
 
 def test_cases_expands_a_shipped_cfg(capsys):
@@ -111,9 +112,10 @@ def test_family_without_schedule_is_unsupported(monkeypatch):
     from slapo_ae.harness.systems import DistContext, Unsupported
     from slapo_ae.harness.systems.slapo_tp import scheduled_model
 
-    monkeypatch.setattr(model_schedule, "_family_schedules", lambda: {})
+    monkeypatch.setattr(model_schedule, "FAMILIES", ())
     spec = _spec(mode="slapo-megatron")
-    with pytest.raises(Unsupported, match="no Slapo schedule: no schedule for the bert family"):
+    with pytest.raises(Unsupported, match="no Slapo schedule: no schedule for BertForMaskedLM "
+                                          r"\(model type 'bert'\)"):
         scheduled_model(spec, DistContext(0, 1, 0, torch.device("cpu")), [],
                         tensor_parallel=True, shard_embedding=True, kernel_opt=True)
 
@@ -124,11 +126,11 @@ def test_default_timeouts():
 
 
 # -- the parent's verdict when rank 0 wrote no record -------------------------------------
-def _spec(tmp_path=None, **fields):
-    base = dict(mode="eager", model="bert-tiny", gpus=2, seq_len=16, dec_seq_len=0,
-                batch_size=4, batch_expr="4", ckpt=0.0, steps=3, warmup=1, dtype="fp32",
-                device="cpu", out=str(Path(tmp_path or "/nonexistent") / "r.json"),
-                log=None, timeout=30.0, run_id="run-1", launch_time=0.0)
+def _spec(tmp_path=None, mode="eager", **fields):
+    case = Case(mode=mode, model="bert-tiny", gpus=2, seq_len=16, dec_seq_len=0, batch_size=4,
+                batch_expr="4", ckpt=0.0, steps=3, warmup=1, dtype="fp32", device="cpu")
+    base = dict(case=case, out=str(Path(tmp_path or "/nonexistent") / "r.json"), log=None,
+                timeout=30.0, run_id="run-1", launch_time=0.0)
     base.update(fields)
     return RunSpec(**base)
 

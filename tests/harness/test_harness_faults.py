@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from harness_util import TINY, run_case
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from harness_util import REPO, env
+
 from slapo_ae.analysis.gpu_check import judge, judge_model
 from slapo_ae.record import Metrics, Record, write_record
 

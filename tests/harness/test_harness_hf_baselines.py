@@ -9,7 +9,6 @@ reorders reductions; measured: about 1e-7).
 from __future__ import annotations
 
 import pytest
-
 from harness_util import run_case
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from harness_util import run_case
 
 pytestmark = pytest.mark.slow

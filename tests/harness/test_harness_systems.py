@@ -15,7 +15,6 @@ import math
 import re
 
 import pytest
-
 from harness_util import TINY, run_case
 
 # the module's launches run in the fixture of the first test: allow for a busy machine

@@ -16,14 +16,26 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from distributed import run_ranks
+from static_models import (
+    EXAMPLE,
+    FFN,
+    RUN,
+    STEPS,
+    TOL,
+    assert_trains_alike,
+    bert_config,
+    hidden,
+    pipeline_batch,
+    pipeline_loss,
+    pipeline_model,
+    pipeline_schedule,
+    square_loss,
+)
 from torch import nn
 
 import slapo
-from distributed import run_ranks
 from slapo.verify import relative_error, train_side_by_side
-from static_models import (EXAMPLE, FFN, RUN, STEPS, TOL, assert_trains_alike, bert_config,
-                           hidden, pipeline_batch, pipeline_loss, pipeline_model,
-                           pipeline_schedule, square_loss)
 
 
 def _pipeline():
@@ -77,8 +89,8 @@ def _sharded_then_traced_layer():
     """Megatron-style TP of a BERT layer first, then trace: sharded Linears are leaves, the
     modules with sync hooks too, and the head count follows the sharded width (``view(...,
     -1, head_dim)``)."""
-    from transformers.models.bert.modeling_bert import BertLayer
     from static_models import additive_mask
+    from transformers.models.bert.modeling_bert import BertLayer
     torch.manual_seed(0)
     plain = BertLayer(bert_config())
     sch = slapo.create_schedule(copy.deepcopy(plain))

@@ -18,14 +18,22 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from static_models import (
+    EXAMPLE,
+    RUN,
+    STEPS,
+    assert_trains_alike,
+    bert_config,
+    blocks,
+    square_loss,
+    t5_config,
+)
 from torch import nn
 
 import slapo
 from slapo.primitives.decompose import DecomposedLinear
 from slapo.primitives.fuse import FusedModule
 from slapo.verify import train_side_by_side
-from static_models import (EXAMPLE, RUN, STEPS, assert_trains_alike, bert_config, blocks,
-                           square_loss, t5_config)
 
 
 def bias_gelu(x, bias):
@@ -176,8 +184,8 @@ def test_unknown_compiler_is_an_error():
 
 
 def test_untraced_and_misplaced_primitives_are_errors():
-    from transformers.models.t5.modeling_t5 import T5LayerFF
     from transformers.models.bert.modeling_bert import BertIntermediate
+    from transformers.models.t5.modeling_t5 import T5LayerFF
     sch = slapo.create_schedule(BertIntermediate(bert_config()))
     with pytest.raises(ValueError, match=r"is not traced; call sch.trace\(\) first"):
         sch.find("gelu")

@@ -9,10 +9,10 @@ import copy
 import pytest
 import torch
 import torch.fx as fx
+from static_models import pipeline_batch, pipeline_model, pipeline_schedule
 
 import slapo
 from slapo.pipeline import split_stages
-from static_models import pipeline_batch, pipeline_model, pipeline_schedule
 
 
 def test_stages_in_sequence_compute_the_model():

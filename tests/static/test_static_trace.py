@@ -12,13 +12,24 @@ import copy
 import pytest
 import torch
 import torch.fx as fx
+from static_models import (
+    EXAMPLE,
+    RUN,
+    STEPS,
+    assert_trains_alike,
+    bert_config,
+    blocks,
+    gpt_neo_config,
+    hidden,
+    llama_config,
+    square_loss,
+)
 from torch import nn
 
 import slapo
 from slapo.tracing import TraceError
 from slapo.verify import train_side_by_side
-from static_models import (EXAMPLE, RUN, STEPS, assert_trains_alike, bert_config, blocks,
-                           gpt_neo_config, hidden, llama_config, square_loss)
+
 
 def hf_loss(model, batch):
     out = model(**batch)
@@ -166,8 +177,8 @@ def test_shapes_need_example_inputs():
 
 
 def test_fixed_arguments_are_checked_at_call_time():
-    from transformers.models.opt.modeling_opt import OPTAttention
     from static_models import opt_config
+    from transformers.models.opt.modeling_opt import OPTAttention
     _, inputs = blocks()["opt.OPTAttention"]
     sch = slapo.create_schedule(OPTAttention(opt_config(), layer_idx=0))
     sch.trace(example_inputs=inputs(*EXAMPLE, seed=0))
@@ -197,8 +208,8 @@ def test_trace_without_example_inputs_for_simple_blocks():
 
 
 def test_traced_layer_draws_the_same_dropout_masks():
-    from transformers.models.bert.modeling_bert import BertLayer
     from static_models import additive_mask
+    from transformers.models.bert.modeling_bert import BertLayer
     torch.manual_seed(0)
     plain = BertLayer(bert_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
     sch = slapo.create_schedule(copy.deepcopy(plain))

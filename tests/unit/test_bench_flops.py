@@ -1,9 +1,15 @@
 """Model FLOPs formulas (slapo_ae.harness.flops) against hand-computed values."""
 import pytest
 
-from slapo_ae.harness.flops import (forward_flops_per_sample, t5_forward_flops, tflops_per_gpu,
-                               train_flops_per_sample, transformer_forward_flops,
-                               transformer_forward_flops_paper, wideresnet_forward_flops)
+from slapo_ae.harness.flops import (
+    forward_flops_per_sample,
+    t5_forward_flops,
+    tflops_per_gpu,
+    train_flops_per_sample,
+    transformer_forward_flops,
+    transformer_forward_flops_paper,
+    wideresnet_forward_flops,
+)
 
 BERT_LARGE = {"model_type": "bert", "hidden_size": 1024, "num_hidden_layers": 24,
               "intermediate_size": 4096, "vocab_size": 30522}

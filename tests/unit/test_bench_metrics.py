@@ -1,8 +1,14 @@
 """Throughput, spread, MFU and peak memory (slapo_ae.harness.metrics)."""
 import pytest
 
-from slapo_ae.harness.metrics import (mfu, peak_flops, peak_memory_bytes, peak_rss_bytes,
-                                 throughput, timed_steps)
+from slapo_ae.harness.metrics import (
+    mfu,
+    peak_flops,
+    peak_memory_bytes,
+    peak_rss_bytes,
+    throughput,
+    timed_steps,
+)
 
 
 def test_median_and_spread_exclude_warmup():

@@ -5,8 +5,16 @@ import os
 import pytest
 
 from slapo_ae.case import Case
-from slapo_ae.record import (STATUSES, Metrics, Record, RecordError, collect_env,
-                                read_record, records_to_dataframe, write_record)
+from slapo_ae.record import (
+    STATUSES,
+    Metrics,
+    Record,
+    RecordError,
+    collect_env,
+    read_record,
+    records_to_dataframe,
+    write_record,
+)
 
 CASE = Case("slapo-megatron", "bert-xlarge", 2, 512, 0, 56, "56", 0.0, source="e2e.cfg", line=7)
 

@@ -3,10 +3,10 @@ import pytest
 
 from slapo_ae.case import Case
 from slapo_ae.harness.runspec import RunSpec
+from slapo_ae.harness.threads import THREAD_ENV_VARS, ThreadBudget, default_cores, thread_env
 
 CASE = Case(mode="eager", model="bert-tiny", gpus=2, seq_len=8, dec_seq_len=0, batch_size=2,
             batch_expr="2", ckpt=None, steps=2, warmup=1, dtype="fp32", device="cpu")
-from slapo_ae.harness.threads import THREAD_ENV_VARS, ThreadBudget, default_cores, thread_env
 
 
 @pytest.mark.parametrize("cores, ranks, per_rank, over", [

@@ -4,11 +4,11 @@ import copy
 
 import pytest
 import torch
+from tiny_modules import AttentionBlock, MLPBlock, schedule_mlp
 from torch import nn
 
 import slapo
 from slapo.primitives.replace import FunctionModule
-from tiny_modules import AttentionBlock, MLPBlock, schedule_mlp
 
 
 def test_list_primitives_and_help():

@@ -1,8 +1,7 @@
 """Table 4's line counts: the counting rule on a known source, and every family counted."""
 
 from slapo import model_schedule
-from slapo_ae.analysis.loc import (FOR_SUBSTRING, PAPER_LOC, count_all, count_loc,
-                                      count_source)
+from slapo_ae.analysis.loc import FOR_SUBSTRING, PAPER_LOC, count_all, count_loc, count_source
 from slapo_ae.zoo import FAMILIES
 
 SOURCE = '''

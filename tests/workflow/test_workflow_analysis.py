@@ -6,10 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from slapo_ae.analysis import aggregate
-from slapo_ae.analysis import claims
-from slapo_ae.analysis import plots
-from slapo_ae.analysis import table4
+from slapo_ae.analysis import aggregate, claims, plots, table4
 from slapo_ae.record import Record, write_record
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from slapo_ae.analysis import claims
-from slapo_ae.analysis import gaps
+from slapo_ae.analysis import claims, gaps
 from slapo_ae.cfg import parse_ckpt
 
 

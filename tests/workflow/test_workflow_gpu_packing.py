@@ -3,8 +3,8 @@ cases get disjoint CUDA_VISIBLE_DEVICES (fake harness on a pretend 8-GPU machine
 import itertools
 
 import pytest
-
 from wf_util import make_config
+
 from slapo_ae.record import read_record
 
 pytestmark = pytest.mark.slow

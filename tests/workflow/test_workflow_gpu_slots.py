@@ -1,10 +1,8 @@
 """The file-lock GPU slot allocator: disjoint GPUs for concurrent jobs, no stale locks."""
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 

@@ -3,12 +3,11 @@ import json
 from pathlib import Path
 
 from slapo_ae.analysis import kick
+from slapo_ae.cfg import parse_cfg_text
 
 HERE = Path(__file__).resolve().parent
 FAKE = f"python {HERE / 'fake_harness.py'}"
-SPEC = {"case_id": "slapo-megatron__bert-tiny__g2__s64__b4__c0", "mode": "slapo-megatron",
-        "model": "bert-tiny", "gpus": 2, "seq_len": 64, "dec_seq_len": 0, "batch_size": 4,
-        "ckpt": "0", "steps": 3, "warmup": 1, "dtype": "fp32", "device": "cpu", "timeout": 60}
+SMOKE = parse_cfg_text("slapo-megatron bert-tiny 2 64 0 4 0")[0].for_run(3, 1, "fp32", "cpu")
 QUICK_TEST = f"{HERE / 'test_workflow_gpu_slots.py'}::test_maps_slots_to_parent_visible_devices"
 
 
@@ -20,7 +19,7 @@ def test_pytest_summary():
 
 
 def _kick(tmp_path, *pytest_args):
-    argv = ["--spec", json.dumps(SPEC), "--out", str(tmp_path / "kick.txt"),
+    argv = ["--case", SMOKE.to_json(), "--timeout", "60", "--out", str(tmp_path / "kick.txt"),
             "--record", str(tmp_path / "smoke.json"), "--log", str(tmp_path / "smoke.log"),
             "--test-log", str(tmp_path / "pytest.log"), "--harness", FAKE, "--",
             "-q", "-p", "no:cacheprovider", *pytest_args]

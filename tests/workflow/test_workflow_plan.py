@@ -1,30 +1,33 @@
 """The workflow's plan: profile choice, cases, and the files a case depends on."""
+import json
 import os
 from pathlib import Path
 
+import plan
 import pytest
 import yaml
 
+from slapo_ae import gpus, sources
 from slapo_ae.cfg import parse_cfg
-import plan
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = yaml.safe_load((REPO / "configs" / "config.yaml").read_text())
 
 
-@pytest.mark.parametrize("env, gpus", [
+@pytest.mark.parametrize("env, count", [
     ({"CUDA_VISIBLE_DEVICES": ""}, 0),
     ({"CUDA_VISIBLE_DEVICES": "-1"}, 0),
     ({"CUDA_VISIBLE_DEVICES": "3"}, 1),
     ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, 8),
 ])
-def test_detect_gpus_honours_cuda_visible_devices(env, gpus):
-    assert plan.detect_gpus(env) == gpus
+def test_visible_gpus_honour_cuda_visible_devices(env, count):
+    assert gpus.visible_gpus(env) == count == plan.gpus_visible(env)
 
 
-def test_detect_gpus_without_nvidia_smi(monkeypatch):
-    monkeypatch.setattr(plan.shutil, "which", lambda name: None)
-    assert plan.detect_gpus({}) == 0
+def test_visible_gpus_without_nvidia_smi(monkeypatch):
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: None)
+    assert gpus.visible_gpus({}) == 0
+    assert gpus.describe("cuda", 2)["device_name"] == "cuda (unknown)"
 
 
 @pytest.mark.parametrize("gpus, profile", [(0, "cpu"), (1, "gpu1"), (4, "gpu1"), (8, "paper"),
@@ -86,10 +89,11 @@ def test_cfg_errors_name_file_and_line(tmp_path):
     assert "d.cfg: no such cfg file" in text
 
 
-def test_case_spec_has_fields_not_cfg_location():
+def test_job_case_has_fields_not_cfg_location():
     case = parse_cfg(REPO / "configs/e2e/cpu_tiny.cfg", max_gpus=2)[0]
-    spec = plan.case_spec(case, CONFIG["profiles"]["cpu"])
-    assert spec["case_id"] == case.id
+    job = plan.job_case(case, CONFIG["profiles"]["cpu"])
+    assert job.id == case.id
+    spec = json.loads(job.to_json())
     assert "line" not in spec and "source" not in spec
     assert {"steps", "warmup", "dtype", "device"} <= set(spec)
     assert "timeout" not in spec  # a resource: raising it reruns nothing
@@ -108,24 +112,26 @@ def test_export_slots(monkeypatch):
     assert plan.SLOTS_TOTAL_ENV not in os.environ
 
 
-def test_case_inputs_follow_mode_and_family():
+def test_case_sources_follow_mode_and_family():
     cases = {c.id: c for c in parse_cfg(REPO / "configs/e2e/cpu_tiny.cfg", max_gpus=2)}
-    harness = plan.harness_files(REPO)
-    assert "slapo_ae/record.py" in harness
-    assert "slapo_ae/harness/runner.py" in harness
-    for module in ("aggregate.py", "plots.py", "claims.py", "table4.py"):
-        assert f"slapo/bench/{module}" not in harness
-    assert not any(f.startswith("slapo/model_schedule/") for f in harness)
+    code = sources.case_code(REPO)
+    assert "slapo_ae/record.py" in code and "slapo_ae/harness/runner.py" in code
+    assert "slapo/schedule.py" in code
+    assert not any(f.startswith("slapo_ae/analysis/") for f in code)
+    assert "slapo_ae/sources.py" not in code
+    assert not any(f.startswith("slapo/model_schedule/") for f in code)
 
-    slapo_bert = plan.case_inputs(cases["slapo-megatron__bert-tiny__g2__s128__b8__c0"], REPO)
-    baseline = plan.case_inputs(cases["deepspeed__bert-tiny__g2__s128__b8__c0"], REPO)
-    slapo_opt = plan.case_inputs(cases["slapo-deepspeed__opt-tiny__g1__s128__b4__c0"], REPO)
+    slapo_bert = sources.case_sources(cases["slapo-megatron__bert-tiny__g2__s128__b8__c0"], REPO)
+    baseline = sources.case_sources(cases["deepspeed__bert-tiny__g2__s128__b8__c0"], REPO)
+    slapo_opt = sources.case_sources(cases["slapo-deepspeed__opt-tiny__g1__s128__b4__c0"], REPO)
     assert "slapo/model_schedule/bert.py" in slapo_bert
+    assert "slapo/model_schedule/common.py" in slapo_bert
     assert "configs/models/bert-tiny.json" in slapo_bert
     assert not any(f.startswith("slapo/model_schedule/") for f in baseline)
     assert "slapo/model_schedule/bert.py" not in slapo_opt
-    if (REPO / "slapo/model_schedule/opt.py").is_file():
-        assert "slapo/model_schedule/opt.py" in slapo_opt
+    assert "slapo/model_schedule/opt.py" in slapo_opt
+    assert set(sources.schedule_files(REPO)) == set(sources.FAMILIES)
+    assert all((REPO / f).is_file() for f in slapo_bert + baseline + slapo_opt)
 
 
 def test_resources_and_threads():
@@ -146,22 +152,3 @@ def test_resources_and_threads():
     assert plan.threads(case, {"device": "cuda", "gpus_available": 8}, 2) == 1
     assert plan.threads(case, {"device": "cuda", "gpus_available": 2}, 16) == 16
     assert plan.rank_cores(case, {"device": "cuda", "gpus_available": 8}, 16) == 4
-
-
-def test_schedule_imports_of_other_families_are_followed(tmp_path):
-    sched = tmp_path / "slapo" / "model_schedule"
-    sched.mkdir(parents=True)
-    (sched / "__init__.py").write_text("")
-    (sched / "bert.py").write_text("X = 1\n")
-    (sched / "roberta.py").write_text("from .bert import X\n")
-    models = tmp_path / "configs" / "models"
-    models.mkdir(parents=True)
-    (models / "roberta-tiny.json").write_text('{"_slapo": {"family": "roberta"}}')
-    case = parse_cfg_text_case("slapo-megatron roberta-tiny 2 64 0 4 0")
-    files = plan.case_inputs(case, tmp_path, harness=[])
-    assert files == ["configs/models/roberta-tiny.json", "slapo/model_schedule/__init__.py",
-                     "slapo/model_schedule/roberta.py", "slapo/model_schedule/bert.py"]
-
-
-def parse_cfg_text_case(line):
-    return plan.parse_cfg_text(line)[0]

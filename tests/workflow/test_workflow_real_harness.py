@@ -1,9 +1,9 @@
 """One case through the workflow with the real harness CLI (slapo-bench run): the runner and
 the harness agree on the contract, and the record is a real measurement."""
 import pytest
+from wf_util import make_config
 
 from slapo_ae.record import read_record
-from wf_util import make_config
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,6 @@
 dependent cases after the harness or a schedule; nothing but the aggregates after an
 analysis module. Checked by dry runs on a copy of a completed run (fake harness)."""
 import pytest
-
 from wf_util import ABLATION_CASES, E2E_CASES, make_config
 
 pytestmark = pytest.mark.slow
@@ -56,7 +55,7 @@ def test_editing_one_cfg_line_reruns_that_case_and_the_aggregates(done_repo):
 
 
 def test_editing_the_harness_reruns_every_case(done_repo):
-    record = done_repo.path / "slapo" / "bench" / "record.py"
+    record = done_repo.path / "slapo_ae" / "record.py"
     record.write_text(record.read_text() + "\n# edited\n")
     assert len(done_repo.pending_cases()) == E2E_CASES + ABLATION_CASES
 
@@ -76,12 +75,12 @@ def test_editing_a_schedule_reruns_only_its_slapo_cases(done_repo):
 
 
 def test_touching_without_change_reruns_nothing(done_repo):
-    (done_repo.path / "slapo" / "bench" / "record.py").touch()
+    (done_repo.path / "slapo_ae" / "record.py").touch()
     assert done_repo.dry_run() == {}
 
 
 def test_editing_an_analysis_module_reruns_only_aggregates(done_repo):
-    plots = done_repo.path / "slapo" / "bench" / "plots.py"
+    plots = done_repo.path / "slapo_ae" / "analysis" / "plots.py"
     plots.write_text(plots.read_text() + "\n# edited\n")
     jobs = done_repo.dry_run()
     assert "case" not in jobs

@@ -8,8 +8,8 @@ import subprocess
 import time
 
 import pytest
-
 from wf_util import ABLATION_CASES, E2E_CASES
+
 from slapo_ae.record import read_record
 
 pytestmark = pytest.mark.slow

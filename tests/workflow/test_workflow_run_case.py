@@ -9,19 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from slapo_ae.record import read_record
+from slapo_ae.case import Case
 from slapo_ae.harness import runner
+from slapo_ae.record import read_record
 
 FAKE = Path(__file__).with_name("fake_harness.py")
 HARNESS = f"python {FAKE}"
 
 
-def spec(**overrides):
-    base = {"case_id": "slapo-megatron__bert-tiny__g2__s64__b4__c0", "mode": "slapo-megatron",
-            "model": "bert-tiny", "gpus": 2, "seq_len": 64, "dec_seq_len": 0, "batch_size": 4,
-            "ckpt": "0", "steps": 3, "warmup": 1, "dtype": "fp32", "device": "cpu",
-            "timeout": 60}
-    return {**base, **overrides}
+CASE_ID = "slapo-megatron__bert-tiny__g2__s64__b4__c0"
+
+
+def case(**overrides) -> Case:
+    fields = {"mode": "slapo-megatron", "model": "bert-tiny", "gpus": 2, "seq_len": 64,
+              "dec_seq_len": 0, "batch_size": 4, "batch_expr": "4", "ckpt": 0.0, "steps": 3,
+              "warmup": 1, "dtype": "fp32", "device": "cpu"}
+    return Case(**{**fields, **overrides})
 
 
 @pytest.fixture
@@ -38,20 +41,20 @@ def fake_plan(tmp_path, monkeypatch):
 
 
 def test_harness_command_follows_the_cli_contract():
-    cmd = run_case.harness_command("python -m slapo_ae.harness.cli", spec(), "o.json", "o.log",
-                                   cores=3)
+    cmd = runner.harness_command("python -m slapo_ae.harness.cli", case(), 60, "o.json",
+                                 "o.log", cores=3)
     assert cmd[0] == sys.executable and cmd[1:4] == ["-m", "slapo_ae.harness.cli", "run"]
     args = dict(zip(cmd[4::2], cmd[5::2]))
     assert args == {"--mode": "slapo-megatron", "--model": "bert-tiny", "--gpus": "2",
                     "--seq-len": "64", "--dec-seq-len": "0", "--batch-size": "4", "--ckpt": "0",
-                    "--steps": "3", "--warmup": "1", "--dtype": "fp32", "--timeout": "60",
-                    "--case-id": spec()["case_id"], "--device": "cpu", "--cores": "3", "--out": "o.json",
-                    "--log": "o.log"}
+                    "--steps": "3", "--warmup": "1", "--dtype": "fp32", "--device": "cpu",
+                    "--seed": "1234", "--lr": "0.0001", "--timeout": "60", "--cores": "3",
+                    "--out": "o.json", "--log": "o.log"}
 
 
 def test_ok_record_from_harness(tmp_path, fake_plan):
     out, log = tmp_path / "r.json", tmp_path / "logs" / "r.log"
-    assert run_case.run(spec(), str(out), str(log), HARNESS) == 0
+    assert runner.run(case(), 60, str(out), str(log), HARNESS) == 0
     rec = read_record(out)
     assert rec.status == "ok" and rec.metrics.samples_per_s == 30.0
     assert "CUDA_VISIBLE_DEVICES=''" in log.read_text()  # CPU ranks: CUDA hidden
@@ -60,17 +63,17 @@ def test_ok_record_from_harness(tmp_path, fake_plan):
 def test_crash_becomes_failed_record(tmp_path, fake_plan):
     fake_plan({"*": {"crash": True}})
     out, log = tmp_path / "r.json", tmp_path / "r.log"
-    assert run_case.run(spec(), str(out), str(log), HARNESS) == 0
+    assert runner.run(case(), 60, str(out), str(log), HARNESS) == 0
     rec = read_record(out)
     assert rec.status == "failed" and "exited with code 3" in rec.reason
-    assert rec.case["id"] == spec()["case_id"] and rec.case["gpus"] == 2
+    assert rec.case["id"] == CASE_ID and rec.case["gpus"] == 2
     assert rec.log_path == str(log)
     assert rec.env["device_name"].startswith("cpu")
 
 
 def test_missing_harness_becomes_failed_record(tmp_path):
     out = tmp_path / "r.json"
-    run_case.run(spec(), str(out), str(tmp_path / "r.log"), "python /nonexistent/harness.py")
+    runner.run(case(), 60, str(out), str(tmp_path / "r.log"), "python /nonexistent/harness.py")
     assert read_record(out).status == "failed"
 
 
@@ -78,7 +81,7 @@ def test_timeout_kills_harness_and_records_failure(tmp_path, fake_plan):
     fake_plan({"*": {"sleep": 60}})
     out = tmp_path / "r.json"
     t0 = time.monotonic()
-    run_case.run(spec(timeout=1), str(out), str(tmp_path / "r.log"), HARNESS, grace=1)
+    runner.run(case(), 1, str(out), str(tmp_path / "r.log"), HARNESS, grace=1)
     assert time.monotonic() - t0 < 30
     rec = read_record(out)
     assert rec.status == "failed" and "timeout" in rec.reason
@@ -86,7 +89,7 @@ def test_timeout_kills_harness_and_records_failure(tmp_path, fake_plan):
 
 def test_cases_over_the_machine_are_unsupported(tmp_path):
     out = tmp_path / "r.json"
-    run_case.run(spec(device="cuda", gpus=8), str(out), str(tmp_path / "r.log"), HARNESS,
+    runner.run(case(device="cuda", gpus=8), 60, str(out), str(tmp_path / "r.log"), HARNESS,
                  slots_dir=str(tmp_path / "slots"), slots_total=4)
     rec = read_record(out)
     assert rec.status == "unsupported" and "needs 8 GPUs" in rec.reason
@@ -98,9 +101,9 @@ def test_cuda_case_gets_slots(tmp_path, fake_plan, monkeypatch):
     monkeypatch.setenv("SLAPO_GPU_SLOTS_DIR", str(tmp_path / "slots"))
     monkeypatch.setenv("SLAPO_GPU_SLOTS_TOTAL", "4")
     out, log = tmp_path / "r.json", tmp_path / "r.log"
-    cuda = {k: v for k, v in spec(device="cuda").items() if k != "timeout"}
-    assert run_case.main(["--spec", json.dumps(cuda), "--timeout", "77", "--out", str(out),
-                          "--log", str(log), "--harness", HARNESS]) == 0
+    cuda = case(device="cuda").to_json()
+    assert runner.main(["--case", cuda, "--timeout", "77", "--out", str(out),
+                        "--log", str(log), "--harness", HARNESS]) == 0
     assert read_record(out).env["cuda_visible_devices"] == "0,1"
     assert "--timeout 77" in log.read_text()
 
@@ -109,10 +112,8 @@ def test_interrupted_runner_writes_no_record(tmp_path, fake_plan):
     """SIGTERM (Snakemake stopping): the harness is stopped, no record, non-zero exit."""
     fake_plan({"*": {"sleep": 60}})
     out, log = tmp_path / "r.json", tmp_path / "r.log"
-    cmd = [sys.executable, str(Path(run_case.__file__).parents[3] / "workflow" / "scripts" /
-                               "run_module.py"), "slapo_ae.harness.runner",
-           "--spec", json.dumps(spec()), "--out", str(out), "--log", str(log),
-           "--harness", HARNESS]
+    cmd = [sys.executable, "-m", "slapo_ae.harness.runner", "--case", case().to_json(),
+           "--timeout", "60", "--out", str(out), "--log", str(log), "--harness", HARNESS]
     proc = subprocess.Popen(cmd, env=dict(os.environ))
     deadline = time.monotonic() + 60
     while "fake harness" not in (log.read_text() if log.exists() else ""):

@@ -1,7 +1,6 @@
 """The workflow as Snakemake sees it: lint, config validation, the paper DAG, the report."""
 import pytest
 import yaml
-
 from wf_util import REPO, make_repo
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@
 rule ablation_table:
     input:
         records=records("ablation"),
-        code=sources.analysis_sources(),
+        code=sources.analysis_sources("aggregate"),
     output:
         report(
             "results/ablation.csv",
@@ -23,7 +23,7 @@ rule ablation_table:
 rule ablation_figure:
     input:
         csv="results/ablation.csv",
-        code=sources.analysis_sources(),
+        code=sources.analysis_sources("plots"),
     output:
         report(
             "figures/ablation.pdf",

@@ -6,7 +6,7 @@ rule gaps:
     input:
         e2e="results/e2e.csv",
         ablation="results/ablation.csv",
-        code=sources.analysis_sources(runs_cases=True),
+        code=sources.analysis_sources("gaps"),
     output:
         "results/gaps.json",
     params:
@@ -35,7 +35,7 @@ rule claims:
         ablation="results/ablation.csv",
         loc="results/loc.csv",
         gaps="results/gaps.json",
-        code=sources.analysis_sources(),
+        code=sources.analysis_sources("claims"),
     output:
         md=report(
             "results/claims.md",

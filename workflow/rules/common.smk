@@ -72,7 +72,7 @@ def records(experiment):
 
 def table4_inputs(wildcards):
     """The schedules Table 4 counts, and the analysis that counts them."""
-    return sorted(sources.schedule_files().values()) + sources.analysis_sources()
+    return sorted(sources.schedule_files().values()) + sources.analysis_sources("table4")
 
 
 def smoke_case():

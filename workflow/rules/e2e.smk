@@ -4,7 +4,7 @@
 rule e2e_table:
     input:
         records=records("e2e"),
-        code=sources.analysis_sources(),
+        code=sources.analysis_sources("aggregate"),
     output:
         report(
             "results/e2e.csv",
@@ -23,7 +23,7 @@ rule e2e_table:
 rule e2e_figure:
     input:
         csv="results/e2e.csv",
-        code=sources.analysis_sources(),
+        code=sources.analysis_sources("plots"),
     output:
         report(
             "figures/e2e.pdf",

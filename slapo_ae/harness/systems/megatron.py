@@ -164,8 +164,10 @@ class MegatronSystem(TensorParallelTrainer):
 
     def _t5(self):
         from megatron.core.models.T5 import T5Model
-        from megatron.core.models.T5.t5_spec import (get_t5_decoder_with_local_block_spec,
-                                                     get_t5_encoder_with_local_block_spec)
+        from megatron.core.models.T5.t5_spec import (
+            get_t5_decoder_with_local_block_spec,
+            get_t5_encoder_with_local_block_spec,
+        )
 
         c = self.hf
         gated = c.feed_forward_proj.startswith("gated")

@@ -1,0 +1,50 @@
+"""The two floors: the schedule language loads none of the artifact, the artifact's planning and
+analysis modules load no torch, and the sources each analysis step declares are the modules it
+imports (what the workflow reruns depends on it)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from slapo_ae import sources
+
+LIGHT = ["slapo_ae.case", "slapo_ae.cfg", "slapo_ae.record", "slapo_ae.atomic", "slapo_ae.gpus",
+         "slapo_ae.sources", "slapo_ae.zoo", "slapo_ae.zoo.configs", "slapo_ae.harness.cli",
+         "slapo_ae.harness.runner", "slapo_ae.analysis.aggregate", "slapo_ae.analysis.plots",
+         "slapo_ae.analysis.claims", "slapo_ae.analysis.gaps", "slapo_ae.analysis.table4",
+         "slapo_ae.analysis.kick", "slapo_ae.analysis.gpu_check"]
+
+
+def loaded_after(imports: list[str]) -> set[str]:
+    code = (f"import sys\nfor name in {imports!r}: __import__(name)\n"
+            "import json; print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    return set(json.loads(out.stdout))
+
+
+def test_the_schedule_language_loads_no_artifact_and_no_framework():
+    loaded = loaded_after(["slapo"])
+    tops = {name.split(".")[0] for name in loaded}
+    assert not tops & {"deepspeed", "megatron", "snakemake", "pandas", "slapo_ae"}
+    assert "torch" in tops
+
+
+def test_planning_and_analysis_load_no_torch():
+    tops = {name.split(".")[0] for name in loaded_after(LIGHT)}
+    assert not tops & {"torch", "slapo", "transformers", "deepspeed", "megatron"}
+
+
+@pytest.mark.parametrize("step", sorted(sources.ANALYSIS_STEPS))
+def test_each_analysis_step_declares_the_modules_it_imports(step):
+    loaded = loaded_after([f"slapo_ae.analysis.{step}"])
+    files = {name.removeprefix("slapo_ae.").replace(".", "/") for name in loaded
+             if name.startswith("slapo_ae.")}
+    packages = {"analysis", "zoo", "harness"}  # their __init__ files hold docstrings only
+    declared = set(sources.ANALYSIS_STEPS[step])
+    if step == "gaps":  # it runs cases: the case code is its input as well
+        code = {f.removeprefix("slapo_ae/").removesuffix(".py") for f in sources.case_code()}
+        declared |= code
+    assert files - packages <= declared, f"{step} imports undeclared modules"
+    assert set(sources.ANALYSIS_STEPS[step]) <= files
