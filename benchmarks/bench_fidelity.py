@@ -106,9 +106,7 @@ def main(argv=None) -> int:
                     if way == "workflow":
                         record = run_in_workflow(repo, exp, case.id, args.cores)
                     else:
-                        shape = (case.mode, case.model, case.gpus, case.seq_len,
-                                 case.dec_seq_len, case.batch_size)
-                        record = run_by_hand(shape, tmp / f"{case.id}.json", cpu["steps"],
+                        record = run_by_hand(case, tmp / f"{case.id}.json", cpu["steps"],
                                              cpu["warmup"])
                     value = rate(record)
                     if value is None:
@@ -130,7 +128,7 @@ def main(argv=None) -> int:
                "by_hand": summary(res["by_hand"]), "ratio": statistics.median(ratios),
                "ratio_min": min(ratios), "ratio_max": max(ratios), "threads": res["threads"]}
         rows.append(row)
-        label = case_label((case.mode, case.model, case.gpus))
+        label = case_label(case)
         print(f"{label:36s} {fmt(row['workflow']):>22s} {fmt(row['by_hand']):>22s}   "
               f"{row['ratio']:.2f} [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]   "
               f"{res['threads'].get('workflow')} / {res['threads'].get('by_hand')}")

@@ -31,14 +31,10 @@ ABLATION_CFG = ROOT / "configs" / "ablation" / "cpu_tiny.cfg"
 CPU_PROFILE = yaml.safe_load((ROOT / "configs" / "config.yaml").read_text())["profiles"]["cpu"]
 
 
-def shape(case) -> tuple:
-    return (case.mode, case.model, case.gpus, case.seq_len, case.dec_seq_len, case.batch_size)
-
-
 def pairs(kinds, models) -> list[tuple]:
-    from slapo.bench.workflow.plan import model_family
     from slapo_ae.cfg import parse_cfg
     from slapo_ae.harness.systems.megatron import SUPPORTED
+    from slapo_ae.zoo.configs import model_family
 
     found = []
     cases = {(c.mode, c.model, c.gpus): c for c in parse_cfg(E2E_CFG, max_gpus=2)}
@@ -46,12 +42,12 @@ def pairs(kinds, models) -> list[tuple]:
         ours = cases.get((ENGINES.get(mode), model, gpus))
         if mode not in kinds or model not in models or ours is None:
             continue
-        if mode == "megatron" and model_family(model, ROOT) not in SUPPORTED:
+        if mode == "megatron" and model_family(model) not in SUPPORTED:
             continue  # unsupported, as in the paper: nothing to compare
-        found.append((shape(case), shape(ours)))
+        found.append((case, ours))
     if "ablation" in kinds:
         steps = parse_cfg(ABLATION_CFG, max_gpus=2)
-        found += [(shape(a), shape(b)) for a, b in zip(steps, steps[1:])]
+        found += list(zip(steps, steps[1:]))
     return found
 
 

@@ -22,15 +22,8 @@ from slapo_ae.harness.launch import OFFLINE_ENV  # noqa: E402
 from slapo_ae.harness.threads import THREAD_ENV_VARS  # noqa: E402
 
 
-def case_args(case) -> list[str]:
-    mode, model, gpus, seq, dec, batch = case
-    return ["--mode", mode, "--model", model, "--gpus", str(gpus), "--seq-len", str(seq),
-            "--dec-seq-len", str(dec), "--batch-size", str(batch), "--ckpt", "0"]
-
-
 def case_label(case) -> str:
-    mode, model, gpus, *_ = case
-    return f"{mode} {model} {gpus}r"
+    return f"{case.mode} {case.model} {case.gpus}r"
 
 
 def user_env() -> dict:
@@ -43,11 +36,12 @@ def user_env() -> dict:
 
 def run_by_hand(case, out: Path, steps: int, warmup: int, cores: int | None = None,
                 extra=()) -> dict:
-    """``slapo-bench run`` of ``case``; returns the record (a dict)."""
+    """``slapo-bench run`` of ``case`` (a :class:`slapo_ae.case.Case`) on CPU ranks; returns
+    the record (a dict)."""
     from slapo_ae.record import read_record
 
-    cmd = [sys.executable, "-m", "slapo_ae.harness.cli", "run", "--device", "cpu", *case_args(case),
-           "--steps", str(steps), "--warmup", str(warmup), "--out", str(out), "--quiet",
+    argv = case.for_run(steps, warmup, "fp32", "cpu").to_argv()
+    cmd = [sys.executable, "-m", "slapo_ae.harness.cli", "run", *argv, "--out", str(out), "--quiet",
            *(["--cores", str(cores)] if cores else []), *extra]
     proc = subprocess.run(cmd, cwd=ROOT, env=user_env(), capture_output=True, text=True)
     if proc.returncode:

@@ -74,10 +74,13 @@ def requirements(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pyproject", type=Path, default=Path(__file__).resolve().parents[1] / "pyproject.toml")
+    parser.add_argument("--pyproject", type=Path,
+                        default=Path(__file__).resolve().parents[1] / "pyproject.toml")
     parser.add_argument("--extras", default="all", help="comma-separated extras (default: all)")
-    parser.add_argument("--drop", default="torch", help="comma-separated packages to leave out (default: torch)")
-    parser.add_argument("--keep", default="", help="comma-separated packages to keep although --drop names them")
+    parser.add_argument("--drop", default="torch",
+                        help="comma-separated packages to leave out (default: torch)")
+    parser.add_argument("--keep", default="",
+                        help="comma-separated packages to keep although --drop names them")
     parser.add_argument("--build-system", action="store_true", help="add [build-system].requires")
     args = parser.parse_args(argv)
 

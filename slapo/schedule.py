@@ -135,7 +135,8 @@ class Schedule:
         return sorted(set(super().__dir__()) | set(list_primitives()))
 
     def __repr__(self) -> str:
-        return f"Schedule(path='{self.path}', mod={type(self.mod).__name__}, world_size={self.world_size})"
+        return (f"Schedule(path='{self.path}', mod={type(self.mod).__name__}, "
+                f"world_size={self.world_size})")
 
 
 def create_schedule(model: nn.Module, group: dist.ProcessGroup | None = None) -> Schedule:

@@ -2,7 +2,8 @@
 
 Both models train side by side on the same batches with SGD; after every step the losses,
 the outputs and the gradient of every parameter (sharded ones gathered back to full shape)
-are compared by relative error ``||a - b|| / max(||b||, 1e-3)``. Every rank computes the same report.
+are compared by relative error ``||a - b|| / max(||b||, 1e-3)``. Every rank computes the same
+report.
 """
 
 from __future__ import annotations

@@ -147,7 +147,8 @@ class Case:
 
 
 def safe_name(model: str) -> str:
-    """A model name usable in a file name: ``EleutherAI/gpt-neo-2.7B`` -> ``EleutherAI--gpt-neo-2.7B``."""
+    """A model name usable in a file name: ``EleutherAI/gpt-neo-2.7B`` ->
+    ``EleutherAI--gpt-neo-2.7B``."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", model.replace("/", "--"))
 
 

@@ -11,9 +11,10 @@ count:
   as ``None``). Every other mode: the fraction of layers checkpointed, a float in [0, 1]
   (for ``deepspeed`` the paper's 1 means HF gradient checkpointing on).
 
-Modes (:data:`slapo_ae.case.MODES`) are the four systems of Figure 7, the original benchmark's ``eager`` and
-``torchscript``, the Slapo steps of the Figure 9 ablation on top of ``eager`` (Vanilla), and
-the HF baselines ``hf-sdpa`` and ``hf-compile`` a user would pick instead of Slapo.
+Modes (:data:`slapo_ae.case.MODES`) are the four systems of Figure 7, the original benchmark's
+``eager`` and ``torchscript``, the Slapo steps of the Figure 9 ablation on top of ``eager``
+(Vanilla), and the HF baselines ``hf-sdpa`` and ``hf-compile`` a user would pick instead of
+Slapo.
 """
 from __future__ import annotations
 

@@ -144,7 +144,8 @@ def _check(node: ast.AST, text: str) -> None:
         _, lo, hi = _FUNCS[name]
         if len(node.args) < lo or (hi is not None and len(node.args) > hi):
             want = f"{lo}" if lo == hi else f"{lo} or more" if hi is None else f"{lo} to {hi}"
-            raise ExpressionError(f"{text!r}: {name}() takes {want} arguments, got {len(node.args)}")
+            raise ExpressionError(
+                f"{text!r}: {name}() takes {want} arguments, got {len(node.args)}")
         children = node.args
     else:
         raise _refuse(node, text)

@@ -182,21 +182,3 @@ def read_record(path) -> Record:
         return Record.from_dict(data)
     except (RecordError, TypeError) as err:
         raise RecordError(f"{path}: {err}") from None
-
-
-def records_to_dataframe(paths):
-    """One row per record file, nested fields flattened to ``case.model``,
-    ``metrics.samples_per_s``, ``env.torch``, ...; plus ``path`` and
-    ``metrics.peak_mem_bytes_max`` (the largest rank's peak)."""
-    import pandas as pd
-
-    rows = []
-    for path in paths:
-        row = read_record(path).to_dict()
-        peaks = row["metrics"]["peak_mem_bytes"]
-        row["metrics"]["peak_mem_bytes_max"] = max(peaks) if peaks else None
-        row["path"] = str(path)
-        rows.append(row)
-    if not rows:
-        return pd.DataFrame()
-    return pd.json_normalize(rows, sep=".")

@@ -27,11 +27,12 @@ SCHEDULES = "slapo/model_schedule"
 NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis")  # planning and analysis, not a case
 # The modules of slapo_ae each analysis step imports (module-level), its own first.
 ANALYSIS_STEPS = {
-    "aggregate": ("analysis/aggregate", "atomic"),
-    "plots": ("analysis/plots", "analysis/aggregate", "atomic"),
+    "aggregate": ("analysis/aggregate", "atomic", "paths", "zoo/configs"),
+    "plots": ("analysis/plots", "analysis/aggregate", "atomic", "paths", "zoo/configs"),
     "table4": ("analysis/table4", "analysis/loc", "paths", "sources", "zoo/configs"),
-    "claims": ("analysis/claims", "analysis/aggregate", "atomic"),
-    "gaps": ("analysis/gaps", "analysis/claims", "analysis/aggregate", "atomic"),
+    "claims": ("analysis/claims", "analysis/aggregate", "atomic", "paths", "zoo/configs"),
+    "gaps": ("analysis/gaps", "analysis/claims", "analysis/aggregate", "atomic", "paths",
+             "zoo/configs"),
 }
 
 

@@ -13,11 +13,11 @@ The ablation table adds each step's place in Figure 9 and its speedup over Vanil
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from slapo_ae import atomic
+from slapo_ae.zoo import configs
 
 SYSTEMS = ("megatron", "deepspeed", "slapo-megatron", "slapo-deepspeed")  # Figure 7's bars
 SYSTEM_LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed ZeRO-3",
@@ -40,21 +40,7 @@ COLUMNS = [
 ABLATION_COLUMNS = ["step", "step_label", "speedup_vs_vanilla"]
 
 
-def model_meta(model: str, root: Path) -> dict:
-    """The ``_slapo`` block (family, paper label) of ``configs/models/<model>.json`` under
-    ``root``, read as JSON so that tables and figures need no torch; {} if there is none."""
-    try:
-        meta = json.loads((root / "configs" / "models" / f"{model}.json").read_text())["_slapo"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-def _label(model: str, root: Path) -> str:
-    return model_meta(model, root).get("paper_label") or model
-
-
-def record_row(path, root: Path | str = ".") -> dict:
+def record_row(path) -> dict:
     """One table row of the record at ``path`` (see the module docstring)."""
     from slapo_ae.record import read_record
 
@@ -71,7 +57,7 @@ def record_row(path, root: Path | str = ".") -> dict:
         "mode": mode,
         "system": SYSTEM_LABELS.get(mode, ABLATION_LABELS.get(mode, mode)),
         "model": case.get("model"),
-        "model_label": _label(case.get("model", ""), Path(root)),
+        "model_label": configs.paper_label(case.get("model", "")),
         "gpus": case.get("gpus"),
         "seq_len": case.get("seq_len"),
         "dec_seq_len": case.get("dec_seq_len"),
@@ -100,12 +86,12 @@ def record_row(path, root: Path | str = ".") -> dict:
     }
 
 
-def table(paths, root: Path | str = "."):
+def table(paths):
     """A DataFrame with one row per record (columns :data:`COLUMNS`), sorted by model, GPUs
     and system."""
     import pandas as pd
 
-    rows = [record_row(p, root) for p in paths]
+    rows = [record_row(p) for p in paths]
     df = pd.DataFrame(rows, columns=COLUMNS)
     if df.empty:
         return df
@@ -115,11 +101,11 @@ def table(paths, root: Path | str = "."):
     return df.drop(columns="_order").reset_index(drop=True)
 
 
-def ablation_table(paths, root: Path | str = "."):
+def ablation_table(paths):
     """:func:`table` plus ``step`` (0 = Vanilla), ``step_label`` and ``speedup_vs_vanilla``
     (samples/s over Vanilla's; empty when either is not ok). Rows are in step order; modes
     that are not ablation steps are kept after them with no step."""
-    df = table(paths, root)
+    df = table(paths)
     for col in ABLATION_COLUMNS:
         df[col] = None
     if df.empty:
@@ -145,11 +131,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Aggregate case records into one CSV.")
     parser.add_argument("--experiment", choices=("e2e", "ablation"), required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--root", default=".", help="repository root (model configs)")
     parser.add_argument("records", nargs="*")
     args = parser.parse_args(argv)
     make = ablation_table if args.experiment == "ablation" else table
-    df = make(args.records, args.root)
+    df = make(args.records)
     write_csv(df, args.out)
     counts = df["status"].value_counts().to_dict() if not df.empty else {}
     print(f"{args.out}: {len(df)} cases {counts}")

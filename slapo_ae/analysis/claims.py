@@ -274,7 +274,8 @@ def check_c4(ablation) -> dict:
                                    (b["status"] if b else "not in profile")},
                  "hardware": hardware([r for r in (a, b) if r])}
         if ra is None or rb is None:
-            point["verdict"], point["why"] = NOT_RUN, "a step did not run ok (or is not in the profile)"
+            point["verdict"], point["why"] = (
+                NOT_RUN, "a step did not run ok (or is not in the profile)")
         else:
             point["ratio"] = rb / ra
             point["verdict"] = compare(b, a)

@@ -1,6 +1,7 @@
 """The one-GPU check: Slapo against what a user would pick instead, on one GPU, in one run.
 
-    python -m slapo_ae.analysis.gpu_check run configs/gpu_check/one_gpu.cfg --out results/reference/h200
+    python -m slapo_ae.analysis.gpu_check run configs/gpu_check/one_gpu.cfg \
+--out results/reference/h200
     python -m slapo_ae.analysis.gpu_check judge results/reference/h200
 
 ``run`` runs the cases of a cfg file one after another through the harness
@@ -144,7 +145,8 @@ def judge(folder) -> list[Verdict]:
              f"T1: slapo-megatron >= {T1_MIN_SPEEDUP}x best of {', '.join(T1_BASELINES)}; "
              f"T2: slapo-deepspeed >= {T2_MIN_SPEEDUP}x deepspeed; "
              f"T3: best Slapo MFU >= {T3_MIN_MFU:.0%}.", "",
-             "| model | target | verdict | value | needed | detail |", "|---|---|---|---:|---:|---|"]
+             "| model | target | verdict | value | needed | detail |",
+             "|---|---|---|---:|---:|---|"]
     for v in verdicts:
         value = "-" if v.value is None else (f"{v.value:.1%}" if v.target == "T3"
                                              else f"{v.value:.2f}x")
@@ -199,7 +201,8 @@ def run(cfg, out, steps: int, warmup: int, dtype: str, device: str, budget_s: fl
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slapo_ae.analysis.gpu_check", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m slapo_ae.analysis.gpu_check",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run the cases of a cfg file, then judge them")

@@ -24,8 +24,8 @@ from slapo_ae.analysis.aggregate import (
     ABLATION_STEPS,
     SYSTEM_LABELS,
     SYSTEMS,
-    model_meta,
 )
+from slapo_ae.zoo import configs
 
 COLORS = {"megatron": "#4c72b0", "deepspeed": "#dd8452", "slapo-megatron": "#55a868",
           "slapo-deepspeed": "#c44e52"}
@@ -43,13 +43,12 @@ def _plt():
     return plt
 
 
-def model_order(models, root: Path | str = ".") -> list[str]:
+def model_order(models) -> list[str]:
     """Models in the paper's panel order (BERT, RoBERTa, GPT, OPT, T5, WideResNet, then
     others), by family, then by name."""
-    root = Path(root)
 
     def key(model):
-        family = model_meta(model, root).get("family")
+        family = configs.model_meta(model).get("family")
         rank = FAMILY_ORDER.index(family) if family in FAMILY_ORDER else len(FAMILY_ORDER)
         return rank, model
 
@@ -92,13 +91,13 @@ def _title(df, what: str) -> str:
     return " | ".join(bits)
 
 
-def figure7(df, root: Path | str = "."):
+def figure7(df):
     """Figure 7 from the e2e table (:func:`slapo_ae.analysis.aggregate.table`)."""
     plt = _plt()
     from matplotlib.patches import Patch
 
     df = df[df["mode"].isin(SYSTEMS)] if not df.empty else df
-    models = model_order(df["model"].unique(), root) if not df.empty else []
+    models = model_order(df["model"].unique()) if not df.empty else []
     ncols = max(1, min(3, len(models)))
     nrows = max(1, math.ceil(len(models) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.6 * ncols, 9.0), 3.4 * nrows + 1.1),
@@ -188,11 +187,6 @@ def figure9(df):
     return fig
 
 
-def count_x_marks(fig) -> int:
-    """How many X marks (non-``ok`` cases) a figure of this module draws (legends aside)."""
-    return sum(1 for ax in fig.axes for line in ax.lines if line.get_marker() == "x")
-
-
 def save(fig, out) -> Path:
     """Save ``fig`` to ``out`` atomically (the format follows the suffix)."""
     out = Path(out)
@@ -211,10 +205,9 @@ def main(argv=None) -> int:
     parser.add_argument("figure", choices=("e2e", "ablation"))
     parser.add_argument("csv")
     parser.add_argument("out")
-    parser.add_argument("--root", default=".")
     args = parser.parse_args(argv)
     df = pd.read_csv(args.csv)
-    fig = figure7(df, args.root) if args.figure == "e2e" else figure9(df)
+    fig = figure7(df) if args.figure == "e2e" else figure9(df)
     save(fig, args.out)
     print(f"{args.out}: drawn from {len(df)} rows")
     return 0

@@ -10,7 +10,8 @@ Each family's schedule (``slapo/model_schedule/<family>.py``) is counted by
 A family whose schedule cannot be counted gets an empty row marked ``missing``, never a
 made-up number.
 
-    python -m slapo_ae.analysis.table4 --csv results/loc.csv --md figures/table4.md --tex figures/table4.tex
+    python -m slapo_ae.analysis.table4 --csv results/loc.csv --md figures/table4.md \
+--tex figures/table4.tex
 """
 from __future__ import annotations
 

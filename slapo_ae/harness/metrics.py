@@ -94,14 +94,6 @@ def peak_memory_bytes(device=None) -> int:
     return peak_rss_bytes()
 
 
-def reset_peak_memory(device=None) -> None:
-    """Reset the CUDA peak counter (a no-op off CUDA: peak RSS cannot be reset)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        if device is None or torch.device(device).type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
-
 def device_info() -> dict:
     """Accelerator name and count (CUDA through torch), or the CPU when there is none."""
     import torch

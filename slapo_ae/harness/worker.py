@@ -123,8 +123,8 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
     profiler = StepProfiler(spec.profile_dir, ctx.rank, spec.case.warmup, cuda)
     losses, times = [], []
     for step in range(spec.case.steps):
-        full = synthetic_batch(fields, spec.case.batch_size, spec.case.seq_len, spec.case.dec_seq_len,
-                               seed=spec.case.seed + step)
+        full = synthetic_batch(fields, spec.case.batch_size, spec.case.seq_len,
+                               spec.case.dec_seq_len, seed=spec.case.seed + step)
         batch = {k: v[lo:lo + micro].to(ctx.device) for k, v in full.items()}
         fault = injected_fault(ctx.rank, "step") if step == FAULT_STEP else None
         if fault:
@@ -192,7 +192,8 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
     first = timeline.get("first_step_start")
     extra = {
         "system": system.description, "dtype": spec.case.dtype, "device": spec.case.device,
-        **system.info(), "seed": spec.case.seed, "lr": spec.case.lr, "no_dropout": spec.case.no_dropout,
+        **system.info(), "seed": spec.case.seed, "lr": spec.case.lr,
+        "no_dropout": spec.case.no_dropout,
         "overrides": spec.case.overrides, "flops_formula": "paper", "notes": notes,
         "timeline": timeline, "run_id": spec.run_id,
         "profile": ({str(i): r["profile"] for i, r in enumerate(gathered)}
@@ -261,7 +262,8 @@ def run(spec: RunSpec) -> int:
             system.setup()
             timeline["setup_done"] = time.time()
             log(rank, f"{spec.case.mode} set up in {timeline['setup_done'] - _T0:.1f} s "
-                      f"(dp {system.dp_size}, tp {system.tp_size}); training {spec.case.steps} steps")
+                      f"(dp {system.dp_size}, tp {system.tp_size}); "
+                      f"training {spec.case.steps} steps")
             local_losses, times, profile = train(system, spec, ctx, timeline)
         except Unsupported as err:
             reason = str(err)
@@ -292,7 +294,8 @@ def run(spec: RunSpec) -> int:
         return leave(EXIT_OK)
     except BaseException as err:  # failures are data: tell the parent, then leave at once
         traceback.print_exc()
-        summary = f"{type(err).__name__}: {err}".splitlines()[0][:500] if str(err) else type(err).__name__
+        summary = (f"{type(err).__name__}: {err}".splitlines()[0][:500] if str(err)
+                   else type(err).__name__)
         oom = False
         try:
             oom = is_oom(err)

@@ -3,12 +3,12 @@
 Every model of the zoo is called as `out = model(**batch)` and returns an object with
 `out.loss` (also `out["loss"]`, `out[0]`):
 
-| family                   | batch keys                                   | shapes                  |
-|--------------------------|----------------------------------------------|-------------------------|
-| bert, roberta (MLM)      | input_ids, attention_mask, labels            | [B, S] each             |
-| gpt_neo, opt, llama (LM) | input_ids, attention_mask, labels            | [B, S] each             |
-| t5                       | input_ids, attention_mask (encoder), labels  | [B, S], [B, S], [B, D]  |
-| wideresnet               | pixel_values, labels                         | [B, 3, H, H], [B]       |
+| family                   | batch keys                                  | shapes                 |
+|--------------------------|---------------------------------------------|------------------------|
+| bert, roberta (MLM)      | input_ids, attention_mask, labels           | [B, S] each            |
+| gpt_neo, opt, llama (LM) | input_ids, attention_mask, labels           | [B, S] each            |
+| t5                       | input_ids, attention_mask (encoder), labels | [B, S], [B, S], [B, D] |
+| wideresnet               | pixel_values, labels                        | [B, 3, H, H], [B]      |
 
 Token ids are uniform in [0, vocab) and `labels = input_ids` (causal LMs shift inside the model;
 the MLM loss is taken over every token, which costs the same as masking 15%). T5's decoder

@@ -83,9 +83,15 @@ def model_family(name: str) -> str:
     return load_config(name)[PROJECT_KEY]["family"]
 
 
+def model_meta(name: str) -> dict[str, Any]:
+    """The `_slapo` block of a model's config (family, paper label); {} for an unknown or
+    malformed one, so that tables and figures of foreign records still draw."""
+    try:
+        return dict(load_config(name)[PROJECT_KEY])
+    except (KeyError, ValueError):
+        return {}
+
+
 def paper_label(name: str) -> str:
     """The paper's label of a model (`BERT-1B`) where its config names one, else the name."""
-    try:
-        return load_config(name)[PROJECT_KEY].get("paper_label") or name
-    except (KeyError, ValueError):
-        return name
+    return model_meta(name).get("paper_label") or name

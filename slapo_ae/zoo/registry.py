@@ -17,7 +17,8 @@ from .wideresnet import WideResNetConfig
 
 
 def model_class(name: str) -> type[nn.Module]:
-    """The class a model is built with (`_slapo.hf_class`): a transformers class or a dotted path."""
+    """The class a model is built with (`_slapo.hf_class`): a transformers class or a dotted
+    path."""
     hf_class = load_config(name)[PROJECT_KEY]["hf_class"]
     module, _, attr = hf_class.rpartition(".")
     return getattr(importlib.import_module(module or "transformers"), attr)
@@ -50,7 +51,8 @@ def hf_config(name: str, **overrides: Any):
 
 
 def no_dropout(name: str) -> dict[str, float]:
-    """Overrides that switch off every dropout of the model (all `*dropout*` fields and `layerdrop`)."""
+    """Overrides that switch off every dropout of the model (all `*dropout*` fields and
+    `layerdrop`)."""
     cfg = load_config(name)
     return {k: 0.0 for k in cfg if "dropout" in k or k == "layerdrop"}
 
@@ -95,13 +97,15 @@ def build_model(
         if index is None:
             index = torch.get_device_module(device.type).current_device()
         fork_devices = [index]
-    with torch.random.fork_rng(devices=fork_devices, device_type=device.type if fork_devices else "cuda"):
+    with torch.random.fork_rng(devices=fork_devices,
+                               device_type=device.type if fork_devices else "cuda"):
         torch.manual_seed(seed)
         with device:
             if family == "wideresnet":
                 model = _build_plain(cls, config, dtype)
             else:
-                model = cls._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+                model = cls._from_config(config, dtype=dtype,
+                                         attn_implementation=attn_implementation)
     return model.train()
 
 

@@ -114,7 +114,8 @@ class WideResNet(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> ImageClassifierOutput:
+    def forward(self, pixel_values: torch.Tensor,
+                labels: torch.Tensor | None = None) -> ImageClassifierOutput:
         x = self.maxpool(self.relu(self.bn1(self.conv1(pixel_values))))
         for i in range(len(self.config.layers)):
             x = getattr(self, f"layer{i + 1}")(x)

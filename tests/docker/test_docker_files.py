@@ -17,7 +17,8 @@ DOCKERFILE = ROOT / "docker" / "Dockerfile"
 
 
 def _load_requirements_module():
-    spec = importlib.util.spec_from_file_location("docker_requirements", ROOT / "docker" / "requirements.py")
+    spec = importlib.util.spec_from_file_location("docker_requirements",
+                                                  ROOT / "docker" / "requirements.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -48,7 +49,8 @@ def test_requirements_are_the_pyproject_pins_without_torch():
 
 def test_requirements_cli_keeps_torch_and_build_system():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "docker" / "requirements.py"), "--keep", "torch", "--build-system"],
+        [sys.executable, str(ROOT / "docker" / "requirements.py"),
+         "--keep", "torch", "--build-system"],
         check=True, capture_output=True, text=True,
     ).stdout.splitlines()
     torch_pin = [r for r in _pyproject()["project"]["dependencies"] if _name(r) == "torch"]
@@ -68,7 +70,8 @@ def test_dockerfile_contract():
     assert "ARG BASE_IMAGE=nvidia/cuda:11.7.1-cudnn8-devel-ubuntu22.04" in text
     for arg in ("TORCH_SPEC", "TORCH_INDEX", "PIP_FIND_LINKS", "PIP_NO_INDEX"):
         assert re.search(rf"^ARG {arg}\b", text, re.M), arg
-    for env in ("HF_HUB_OFFLINE=1", "DS_BUILD_OPS=0", "TORCH_EXTENSIONS_DIR=/work/slapo-ae/.cache/torch_extensions"):
+    for env in ("HF_HUB_OFFLINE=1", "DS_BUILD_OPS=0",
+                "TORCH_EXTENSIONS_DIR=/work/slapo-ae/.cache/torch_extensions"):
         assert env in text, env
     assert re.search(r"^WORKDIR /work/slapo-ae$", text, re.M)
     users = re.findall(r"^USER (\S+)$", text, re.M)
@@ -100,7 +103,8 @@ def test_entrypoint_uses_loopback_only_when_the_hostname_does_not_resolve(tmp_pa
     base = {"PATH": "/usr/bin:/bin"}
     unresolvable = subprocess.run(
         ["bash", entry, "bash", "-c", env_dump],
-        env={**base, "HOSTNAME": "no-such-host.invalid"}, capture_output=True, text=True, check=True,
+        env={**base, "HOSTNAME": "no-such-host.invalid"},
+        capture_output=True, text=True, check=True,
     ).stdout
     assert unresolvable.split() == ["PET_LOCAL_ADDR=127.0.0.1", "GLOO=lo"]
     resolvable = subprocess.run(

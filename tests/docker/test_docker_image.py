@@ -27,7 +27,8 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
 def test_docker_image_runs_kick_the_tires_offline():
     if os.environ.get("SLAPO_DOCKER_TEST") != "1":
-        pytest.skip("builds and runs the Docker image (15-30 min on 2 cores): set SLAPO_DOCKER_TEST=1")
+        pytest.skip("builds and runs the Docker image (15-30 min on 2 cores): "
+                    "set SLAPO_DOCKER_TEST=1")
     LOG.parent.mkdir(parents=True, exist_ok=True)
     with LOG.open("w") as log:
         try:

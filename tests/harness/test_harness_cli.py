@@ -170,7 +170,8 @@ def test_conclude_failed_timeout_and_silent_death(tmp_path):
 
     record = conclude(spec, -9, False, tmp_path)
     assert record.status == "failed"
-    assert record.reason.splitlines()[0] == "torchrun was killed by SIGKILL before a record was written"
+    assert record.reason.splitlines()[0] == (
+        "torchrun was killed by SIGKILL before a record was written")
 
     _rank_file(tmp_path, 1, "failed", "rank 1: ValueError: bad", 1.0, "Traceback\nValueError: bad")
     record = conclude(spec, 1, False, tmp_path)

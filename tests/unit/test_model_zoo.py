@@ -17,7 +17,8 @@ from slapo_ae.zoo import (
     synthetic_batch,
 )
 
-TINY = ["bert-tiny", "roberta-tiny", "gpt-neo-tiny", "opt-tiny", "t5-tiny", "llama-tiny", "wideresnet-tiny"]
+TINY = ["bert-tiny", "roberta-tiny", "gpt-neo-tiny", "opt-tiny", "t5-tiny", "llama-tiny",
+        "wideresnet-tiny"]
 
 # Real-size models and the size their name (or paper label) gives them. A meta-device build
 # must land within TOLERANCE of it; bert-xlarge is the paper's "BERT-1B", which is 0.87B.
@@ -103,7 +104,8 @@ def test_unknown_name_lists_known_names():
     with pytest.raises(KeyError) as err:
         build_model("bert-large-uncase")
     msg = str(err.value)
-    assert "Did you mean 'bert-large-uncased'" in msg and "t5-3b" in msg and "wideresnet-2.4B" in msg
+    assert ("Did you mean 'bert-large-uncased'" in msg and "t5-3b" in msg
+            and "wideresnet-2.4B" in msg)
 
 
 def test_bad_config_files_are_named(tmp_path, monkeypatch):
@@ -121,7 +123,8 @@ def test_overrides_and_no_dropout():
     c = hf_config("bert-tiny", **no_dropout("bert-tiny"), num_hidden_layers=3)
     assert c.hidden_dropout_prob == 0.0 and c.attention_probs_dropout_prob == 0.0
     assert c.num_hidden_layers == 3
-    assert set(no_dropout("facebook/opt-1.3b")) == {"activation_dropout", "attention_dropout", "dropout", "layerdrop"}
+    assert set(no_dropout("facebook/opt-1.3b")) == {"activation_dropout", "attention_dropout",
+                                                    "dropout", "layerdrop"}
     with pytest.raises(TypeError, match="hiden_size"):
         hf_config("bert-tiny", hiden_size=64)
 
@@ -145,7 +148,8 @@ def test_dtype_is_honoured(name):
 
 
 def test_attention_implementation():
-    assert build_model("llama-tiny", attn_implementation="sdpa").config._attn_implementation == "sdpa"
+    llama = build_model("llama-tiny", attn_implementation="sdpa")
+    assert llama.config._attn_implementation == "sdpa"
     assert build_model("gpt-neo-tiny").config._attn_implementation == "eager"
     assert build_model("gpt-neo-tiny").config.use_cache is False
 
@@ -158,7 +162,8 @@ def test_synthetic_batch():
     assert torch.equal(b["labels"], b["input_ids"]) and bool(b["attention_mask"].all())
     again = synthetic_batch(load_config("gpt-neo-tiny"), batch_size=3, seq_len=20, seed=7)
     assert torch.equal(again["input_ids"], b["input_ids"])
-    assert not torch.equal(synthetic_batch("gpt-neo-tiny", 3, 20, seed=8)["input_ids"], b["input_ids"])
+    assert not torch.equal(synthetic_batch("gpt-neo-tiny", 3, 20, seed=8)["input_ids"],
+                           b["input_ids"])
 
     t5 = synthetic_batch(hf_config("t5-tiny"), batch_size=2, seq_len=12, dec_seq_len=5)
     assert t5["input_ids"].shape == (2, 12) and t5["labels"].shape == (2, 5)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from wf_util import x_marks
 
 from slapo_ae.analysis import aggregate, claims, plots, table4
 from slapo_ae.record import Record, write_record
@@ -51,7 +52,7 @@ def ablation_records(tmp_path, rates=(5, 7, 9, 11)):
 
 
 def test_table_has_one_row_per_record(tmp_path):
-    df = aggregate.table(e2e_records(tmp_path), REPO)
+    df = aggregate.table(e2e_records(tmp_path))
     assert len(df) == 8 and list(df.columns) == aggregate.COLUMNS
     row = df[df["case_id"] == "slapo-megatron__bert-xlarge__g2"].iloc[0]
     assert (row["experiment"], row["profile"], row["system"]) == ("e2e", "p", "Slapo-TP")
@@ -64,7 +65,7 @@ def test_table_has_one_row_per_record(tmp_path):
 
 
 def test_ablation_table_speedups(tmp_path):
-    df = aggregate.ablation_table(ablation_records(tmp_path), REPO)
+    df = aggregate.ablation_table(ablation_records(tmp_path))
     assert list(df["step"]) == [0, 1, 2, 3]
     assert list(df["speedup_vs_vanilla"].round(2)) == [1.0, 1.4, 1.8, 2.2]
     assert list(df["step_label"]) == ["Vanilla", "+ Kernel Opt", "+ Attn/FFN TP",
@@ -73,16 +74,16 @@ def test_ablation_table_speedups(tmp_path):
 
 def test_empty_tables_and_csv_roundtrip(tmp_path):
     for make in (aggregate.table, aggregate.ablation_table):
-        df = make([], REPO)
+        df = make([])
         out = aggregate.write_csv(df, tmp_path / "t.csv")
         assert pd.read_csv(out).empty
-    assert plots.count_x_marks(plots.figure7(pd.read_csv(tmp_path / "t.csv"))) == 0
+    assert x_marks(plots.figure7(pd.read_csv(tmp_path / "t.csv"))) == 0
 
 
 def test_figure7_marks_every_non_ok_bar(tmp_path):
-    df = aggregate.table(e2e_records(tmp_path), REPO)
-    fig = plots.figure7(df, REPO)
-    assert plots.count_x_marks(fig) == 2
+    df = aggregate.table(e2e_records(tmp_path))
+    fig = plots.figure7(df)
+    assert x_marks(fig) == 2
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles[:2] == ["BERT-1B (bert-xlarge)", "RoBERTa-1.3B (roberta-xlarge)"]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
@@ -93,24 +94,24 @@ def test_figure7_marks_every_non_ok_bar(tmp_path):
 
 
 def test_figure9_labels_speedups_and_marks_failures(tmp_path):
-    df = aggregate.ablation_table(ablation_records(tmp_path, (5, 7, None, 11)), REPO)
+    df = aggregate.ablation_table(ablation_records(tmp_path, (5, 7, None, 11)))
     fig = plots.figure9(df)
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.texts]
     assert "1.00x" in labels and "1.40x" in labels and "2.20x" in labels
     assert "failed" in labels
-    assert plots.count_x_marks(fig) == 1
+    assert x_marks(fig) == 1
 
 
 def test_model_order_follows_the_paper():
     order = plots.model_order(["wideresnet-2.4B", "t5-3b", "bert-xlarge", "facebook/opt-2.7b",
-                               "gpt-neo-2.9B", "roberta-xlarge"], REPO)
+                               "gpt-neo-2.9B", "roberta-xlarge"])
     assert order == ["bert-xlarge", "roberta-xlarge", "gpt-neo-2.9B", "facebook/opt-2.7b",
                      "t5-3b", "wideresnet-2.4B"]
 
 
 def test_claims_c1_c2_on_records(tmp_path):
-    e2e = aggregate.table(e2e_records(tmp_path, env=GPU), REPO)
+    e2e = aggregate.table(e2e_records(tmp_path, env=GPU))
     c1 = claims.check_c1(e2e)
     points = {p["model"]: p for p in c1["points"]}
     assert points["bert-xlarge"]["verdict"] == "PASS"
@@ -134,7 +135,7 @@ def test_overlapping_spreads_are_inconclusive_not_a_verdict(tmp_path):
                      quartiles=slapo[1:]),
                  rec(tmp_path / tag, "e2e", "megatron", "bert-xlarge", 2, base[0],
                      quartiles=base[1:])]
-        e2e = aggregate.table(paths, REPO)
+        e2e = aggregate.table(paths)
         return claims.check_c1(e2e), claims.check_c2(e2e)
 
     c1, c2 = point((15, 13, 16), (14, 12, 15.5), "overlap")
@@ -151,7 +152,7 @@ def test_overlapping_spreads_are_inconclusive_not_a_verdict(tmp_path):
     e2e = aggregate.table([rec(tmp_path / "t", "e2e", "slapo-megatron", "bert-xlarge", 2, 15,
                                quartiles=(14.5, 16)),
                            rec(tmp_path / "t", "e2e", "megatron", "bert-xlarge", 2, 12,
-                               quartiles=(11, 13))], REPO)
+                               quartiles=(11, 13))])
     assert claims.check_c2(e2e, 1.2)["points"][0]["verdict"] == "INCONCLUSIVE"  # 1.12 .. 1.45
 
 
@@ -170,7 +171,7 @@ def test_claims_not_run_without_data(tmp_path):
     # only failures: nothing ran ok -> NOT-RUN, not FAIL
     paths = [rec(tmp_path, "e2e", m, "bert-xlarge", 2, status="failed")
              for m in aggregate.SYSTEMS]
-    e2e = aggregate.table(paths, REPO)
+    e2e = aggregate.table(paths)
     assert claims.check_c1(e2e)["verdict"] == "NOT-RUN"
     assert claims.check_c2(e2e)["single_node"]["verdict"] == "NOT-RUN"
 
@@ -179,12 +180,11 @@ def test_claim_c1_slapo_oom_while_baseline_ran_fails(tmp_path):
     paths = [rec(tmp_path, "e2e", "deepspeed", "t5-3b", 2, 3),
              rec(tmp_path, "e2e", "slapo-deepspeed", "t5-3b", 2, status="oom"),
              rec(tmp_path, "e2e", "slapo-megatron", "t5-3b", 2, status="oom")]
-    assert claims.check_c1(aggregate.table(paths, REPO))["verdict"] == "FAIL"
+    assert claims.check_c1(aggregate.table(paths))["verdict"] == "FAIL"
 
 
 def test_claim_c4_steps(tmp_path):
-    c4 = claims.check_c4(aggregate.ablation_table(ablation_records(tmp_path, (5, 7, 6, None)),
-                                                  REPO))
+    c4 = claims.check_c4(aggregate.ablation_table(ablation_records(tmp_path, (5, 7, 6, None))))
     assert [p["verdict"] for p in c4["points"]] == ["PASS", "FAIL", "NOT-RUN"]
     assert c4["verdict"] == "FAIL"
 
@@ -193,7 +193,7 @@ def test_claim_c4_step_within_the_noise_is_inconclusive(tmp_path):
     paths = [rec(tmp_path, "ablation", "eager", "bert-xlarge", 1, 10, quartiles=(9, 11)),
              rec(tmp_path, "ablation", "slapo-kernel", "bert-xlarge", 1, 10.5,
                  quartiles=(10, 11.5))]
-    c4 = claims.check_c4(aggregate.ablation_table(paths, REPO))
+    c4 = claims.check_c4(aggregate.ablation_table(paths))
     assert c4["points"][0]["verdict"] == "INCONCLUSIVE" and c4["verdict"] == "INCONCLUSIVE"
     assert "10.5 [10-11.5] within the noise of 10 [9-11]" in c4["points"][0]["why"]
 
@@ -208,8 +208,8 @@ def test_claim_c3_against_the_paper():
 
 
 def test_claims_report_on_cpu_says_it_is_not_the_paper_setting(tmp_path):
-    e2e = aggregate.table(e2e_records(tmp_path), REPO)
-    ablation = aggregate.ablation_table(ablation_records(tmp_path), REPO)
+    e2e = aggregate.table(e2e_records(tmp_path))
+    ablation = aggregate.ablation_table(ablation_records(tmp_path))
     result = claims.check_all(e2e, ablation, table4.loc_table(lambda f: 1 / 0))
     text = claims.to_markdown(result)
     assert "CPU ranks" in result["setting"] and "not the paper's setting" in result["setting"]
@@ -221,7 +221,7 @@ def test_claims_report_on_cpu_says_it_is_not_the_paper_setting(tmp_path):
 
 
 def test_claims_cli_writes_md_and_json(tmp_path):
-    e2e = aggregate.write_csv(aggregate.table(e2e_records(tmp_path), REPO), tmp_path / "e.csv")
+    e2e = aggregate.write_csv(aggregate.table(e2e_records(tmp_path)), tmp_path / "e.csv")
     rc = claims.main(["--e2e", str(e2e), "--ablation", str(tmp_path / "missing.csv"),
                       "--md", str(tmp_path / "c.md"), "--json", str(tmp_path / "c.json")])
     assert rc == 0

@@ -4,6 +4,7 @@ import json
 
 import pandas as pd
 import pytest
+from wf_util import x_marks
 
 from slapo_ae.analysis import plots
 from slapo_ae.record import read_record
@@ -32,10 +33,10 @@ def test_failing_cases_give_rows_and_x_marks(repo):
     for rel in ("figures/e2e.pdf", "figures/ablation.pdf", "results/claims.md"):
         assert (repo.path / rel).stat().st_size > 0
     # the figure drawn from that table has one X per non-ok case
-    fig = plots.figure7(e2e, repo.path)
-    assert plots.count_x_marks(fig) == 3
+    fig = plots.figure7(e2e)
+    assert x_marks(fig) == 3
     ablation = pd.read_csv(repo.path / "results" / "ablation.csv")
-    assert plots.count_x_marks(plots.figure9(ablation)) == 1
+    assert x_marks(plots.figure9(ablation)) == 1
 
     claims = json.loads((repo.path / "results" / "claims.json").read_text())
     c4 = {c["id"]: c for c in claims["claims"]}["C4"]

@@ -161,3 +161,9 @@ def make_repo(dest: Path) -> Repo:
     repo.write_config(make_config(dest))
     repo.plan({})
     return repo
+
+
+def x_marks(fig) -> int:
+    """How many X marks (non-``ok`` cases) a figure of ``slapo_ae.analysis.plots`` draws
+    (legends aside)."""
+    return sum(1 for ax in fig.axes for line in ax.lines if line.get_marker() == "x")

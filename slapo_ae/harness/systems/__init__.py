@@ -52,7 +52,8 @@ def get_system(mode: str) -> type[System]:
     if mode == "torchscript":
         return TorchScriptSystem
     if mode not in _MODULES:
-        raise KeyError(f"unknown mode {mode!r}; known: {', '.join(list(_MODULES) + ['torchscript'])}")
+        known = ", ".join(list(_MODULES) + ["torchscript"])
+        raise KeyError(f"unknown mode {mode!r}; known: {known}")
     module, name = _MODULES[mode]
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 

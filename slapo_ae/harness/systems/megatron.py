@@ -71,7 +71,8 @@ class MegatronSystem(TensorParallelTrainer):
         if self.ctx.device.type == "cpu":
             from . import megatron_cpu
 
-            megatron_cpu.install(self.spec.case.seed, parallel_state.get_tensor_model_parallel_rank())
+            megatron_cpu.install(self.spec.case.seed,
+                                 parallel_state.get_tensor_model_parallel_rank())
         else:
             tensor_parallel.model_parallel_cuda_manual_seed(self.spec.case.seed)
         torch.manual_seed(self.spec.case.seed)
@@ -108,7 +109,8 @@ class MegatronSystem(TensorParallelTrainer):
             num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
             num_attention_heads=c.num_attention_heads, ffn_hidden_size=c.intermediate_size,
             layernorm_epsilon=c.layer_norm_eps, hidden_dropout=c.hidden_dropout_prob,
-            attention_dropout=c.attention_probs_dropout_prob, activation_func=torch.nn.functional.gelu)
+            attention_dropout=c.attention_probs_dropout_prob,
+            activation_func=torch.nn.functional.gelu)
         self.notes.append("Megatron's BERT: pre-LayerNorm layers, no next-sentence head")
         return BertModel(config=config, num_tokentypes=c.type_vocab_size,
                          transformer_layer_spec=bert_layer_local_spec, vocab_size=c.vocab_size,

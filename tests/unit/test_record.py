@@ -12,7 +12,6 @@ from slapo_ae.record import (
     RecordError,
     collect_env,
     read_record,
-    records_to_dataframe,
     write_record,
 )
 
@@ -108,20 +107,3 @@ def test_collect_env_has_versions_and_host():
         assert key in env
     assert env["python"].startswith("3.")
     assert env["device_name"] == "cpu (test)"
-
-
-def test_records_to_dataframe(tmp_path):
-    pytest.importorskip("pandas")
-    ok = write_record(make_record(), tmp_path / "a.json")
-    oom_case = Case("deepspeed", "t5-3b", 8, 1024, 512, 16, "16", 1.0)
-    oom = write_record(make_record(status="oom", case=oom_case, reason="CUDA out of memory",
-                                   metrics=Metrics()), tmp_path / "b.json")
-    df = records_to_dataframe([ok, oom])
-    assert list(df["status"]) == ["ok", "oom"]
-    assert list(df["case.model"]) == ["bert-xlarge", "t5-3b"]
-    assert df["metrics.samples_per_s"].iloc[0] == 12.5
-    assert df["metrics.spread.max"].iloc[0] == 13.0
-    assert list(df["metrics.peak_mem_bytes_max"])[0] == 120
-    assert df["env.torch"].iloc[0] == "2.13.0"
-    assert list(df["path"]) == [str(ok), str(oom)]
-    assert records_to_dataframe([]).empty
