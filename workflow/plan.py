@@ -26,6 +26,7 @@ from pathlib import Path
 from slapo_ae import gpus
 from slapo_ae.case import Case
 from slapo_ae.cfg import CfgError, parse_cfg
+from slapo_ae.harness.runner import GRACE_S, SLOTS_DIR_ENV, SLOTS_TOTAL_ENV  # a light module
 from slapo_ae.zoo.configs import list_models
 
 EXPERIMENTS = ("e2e", "ablation")
@@ -158,10 +159,6 @@ def python_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join([bindir, path]) if path else bindir
 
 
-SLOTS_DIR_ENV = "SLAPO_GPU_SLOTS_DIR"
-SLOTS_TOTAL_ENV = "SLAPO_GPU_SLOTS_TOTAL"
-
-
 def export_slots(config: dict, settings: dict) -> None:
     """Tell the case runners where the GPU slots are (environment variables the jobs inherit;
     not params, so a new lock folder reruns nothing). Cleared on CPU profiles and with
@@ -177,8 +174,6 @@ def export_slots(config: dict, settings: dict) -> None:
 def runtime_minutes(settings: dict) -> int:
     """The ``runtime`` resource of a case (minutes, for cluster schedulers): its timeout plus
     the runner's grace period."""
-    from slapo_ae.harness.runner import GRACE_S  # the runner's module is light as well
-
     return -(-(int(settings["timeout"]) + GRACE_S) // 60)
 
 

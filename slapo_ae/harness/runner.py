@@ -43,6 +43,9 @@ from slapo_ae.record import RecordError, collect_env, non_ok, now, read_record, 
 
 GRACE_S = 120  # the hard timeout is the case's timeout plus this
 DEFAULT_HARNESS = "python -m slapo_ae.harness.cli"
+# Where the GPU slots are: set by the workflow's planner for the jobs, read here.
+SLOTS_DIR_ENV = "SLAPO_GPU_SLOTS_DIR"
+SLOTS_TOTAL_ENV = "SLAPO_GPU_SLOTS_TOTAL"
 # The harness's own environment (offline), and no DeepSpeed op builds.
 OFFLINE_ENV = {**HARNESS_OFFLINE_ENV, "DS_BUILD_OPS": "0"}
 
@@ -204,8 +207,8 @@ def main(argv=None) -> int:
 def add_slot_args(parser) -> None:
     """``--slots-dir`` / ``--slots-total``, defaulting to the environment the workflow sets
     (``export_slots`` of the workflow's planner)."""
-    total = os.environ.get("SLAPO_GPU_SLOTS_TOTAL")
-    parser.add_argument("--slots-dir", default=os.environ.get("SLAPO_GPU_SLOTS_DIR"),
+    total = os.environ.get(SLOTS_TOTAL_ENV)
+    parser.add_argument("--slots-dir", default=os.environ.get(SLOTS_DIR_ENV),
                         help="GPU slot lock folder (CUDA only; default $SLAPO_GPU_SLOTS_DIR)")
     parser.add_argument("--slots-total", type=int, default=int(total) if total else None,
                         help="GPUs on this machine (default $SLAPO_GPU_SLOTS_TOTAL)")
