@@ -41,7 +41,7 @@ def _known_models() -> list[str]:
 def cmd_cases(args) -> int:
     try:
         found = _cfg.parse_cfg(args.cfg, max_gpus=args.max_gpus,
-                                 known_models=None if args.no_model_check else _known_models())
+                               known_models=None if args.no_model_check else _known_models())
     except _cfg.CfgError as err:
         for line in err.errors:
             print(line, file=sys.stderr)

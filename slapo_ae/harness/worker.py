@@ -240,6 +240,9 @@ def run(spec: RunSpec) -> int:
         from slapo_ae.record import write_record
 
         threads.apply_in_rank(spec.thread_budget())  # before any torch work
+        # Dropout and every other draw from the global generator follow the seed too, so that
+        # a record is reproducible (weights and batches take the seed explicitly).
+        torch.manual_seed(spec.case.seed)
 
         try:
             if spec.case.device == "cuda":

@@ -106,3 +106,15 @@ def test_batch_not_divisible_is_unsupported_inside_the_ranks(tmp_path):
     assert record.status == "unsupported"
     assert record.reason == "global batch 3 is not divisible by 2 data-parallel ranks"
     assert record.metrics.samples_per_s is None
+
+
+def test_a_case_with_dropout_repeats_its_losses_exactly(tmp_path):
+    """The seed drives dropout too: two runs of one case give bit-identical losses."""
+    args = ["--mode", "eager", "--model", "bert-tiny", "--gpus", "1", "--seq-len", "16",
+            "--batch-size", "2", "--steps", "3", "--warmup", "1"]
+    _, first = run_case(tmp_path / "a.json", *args)
+    _, again = run_case(tmp_path / "b.json", *args)
+    _, other = run_case(tmp_path / "c.json", *args, "--seed", "7")
+    assert first.status == again.status == other.status == "ok"
+    assert first.metrics.loss == again.metrics.loss
+    assert first.metrics.loss != other.metrics.loss
