@@ -137,7 +137,7 @@ def conclude(spec: RunSpec, rc: int | None, timed_out: bool, rundir: Path) -> Re
     if tail:
         reason += f"\n--- log tail ({spec.log}) ---\n{tail}"
     return spec.non_ok_record(status, reason, exit_code=rc, timed_out=timed_out,
-                         rank_status=rank_status)
+                              rank_status=rank_status)
 
 
 def launch(spec: RunSpec) -> Record:

@@ -90,7 +90,7 @@ def test_timeout_kills_harness_and_records_failure(tmp_path, fake_plan):
 def test_cases_over_the_machine_are_unsupported(tmp_path):
     out = tmp_path / "r.json"
     runner.run(case(device="cuda", gpus=8), 60, str(out), str(tmp_path / "r.log"), HARNESS,
-                 slots_dir=str(tmp_path / "slots"), slots_total=4)
+               slots_dir=str(tmp_path / "slots"), slots_total=4)
     rec = read_record(out)
     assert rec.status == "unsupported" and "needs 8 GPUs" in rec.reason
 
