@@ -36,9 +36,12 @@ MODES = {
     "slapo-tp-attn-ffn": "Figure 9 '+ Attn/FFN TP': kernels + TP of attention and FFN",
     "slapo-tp-full": "Figure 9 '+ Embedding TP': kernels + TP incl. the word embedding",
 }
-ZERO3_MODES = ("deepspeed", "slapo-deepspeed")  # micro-batch = batch / GPUs
+# Modes whose GPUs are all data-parallel ranks: each takes batch / GPUs samples
+DATA_PARALLEL_MODES = ("eager", "hf-sdpa", "hf-compile", "slapo-kernel", "deepspeed",
+                       "slapo-deepspeed")
 MEGATRON_CKPT = ("full", "selective")
 DTYPES = ("fp32", "fp16", "bf16")
+MAX_GPUS = 65536  # larger counts are typos; the launcher bounds CPU ranks by the machine
 DEFAULT_LR = 1e-4
 DEFAULT_SEED = 1234
 RECORD_FIELDS = ("mode", "model", "gpus", "seq_len", "dec_seq_len", "batch_size", "batch_expr",
@@ -173,6 +176,13 @@ def parse_ckpt(mode: str, token: str) -> str | float | None:
     return ratio
 
 
+def check_batch(mode: str, batch_size: int, gpus: int) -> None:
+    """A data-parallel mode splits the global batch evenly over its GPUs."""
+    if mode in DATA_PARALLEL_MODES and batch_size % gpus:
+        raise CaseError(f"gives {batch_size} for {gpus} GPUs, not divisible: {mode} splits the "
+                        "global batch over its data-parallel ranks")
+
+
 def check_mode(mode: str) -> None:
     if mode not in MODES:
         import difflib
@@ -225,8 +235,8 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
     """The :class:`Case` of parsed ``slapo-bench run`` options (``device`` resolved from
     ``--device auto`` by the caller); :class:`CaseError` names the bad option."""
     check_mode(args.mode)
-    if args.gpus < 1:
-        raise CaseError(f"--gpus must be at least 1, got {args.gpus}")
+    if not 1 <= args.gpus <= MAX_GPUS:
+        raise CaseError(f"--gpus must be 1 to {MAX_GPUS}, got {args.gpus}")
     if args.seq_len < 1 or args.dec_seq_len < 0:
         raise CaseError("--seq-len must be >= 1 and --dec-seq-len >= 0")
     if args.warmup < 0 or args.steps <= args.warmup:
@@ -234,8 +244,9 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
                         "steps count every step, warm-up ones included")
     try:
         batch = expr.batch_size(args.batch_size, args.gpus)
-    except expr.ExpressionError as err:
-        raise CaseError(f"--batch-size: {err}") from None
+        check_batch(args.mode, batch, args.gpus)
+    except (expr.ExpressionError, CaseError) as err:
+        raise CaseError(f"--batch-size {args.batch_size!r}: {err}") from None
     try:
         ckpt = parse_ckpt(args.mode, args.ckpt)
     except CaseError as err:

@@ -24,7 +24,7 @@ import shlex
 from pathlib import Path
 
 from slapo_ae import expr as _expr
-from slapo_ae.case import ZERO3_MODES, Case, check_mode, parse_ckpt
+from slapo_ae.case import MAX_GPUS, Case, CaseError, check_batch, check_mode, parse_ckpt
 
 FIELDS = ("MODE", "MODEL", "GPUS", "SEQ_LEN", "DEC_SEQ_LEN", "BATCH_SIZE", "CKPT")
 
@@ -53,6 +53,8 @@ def expand_gpus(spec: str, max_gpus: int | None = None) -> list[int]:
         item = item.strip()
         if not re.fullmatch(r"[0-9]+", item) or int(item) < 1:
             raise ValueError(f"GPUS {spec!r}: {item!r} is not a positive integer (or use pow2)")
+        if int(item) > MAX_GPUS:
+            raise ValueError(f"GPUS {spec!r}: {item} is more than {MAX_GPUS}")
         if int(item) in counts:
             raise ValueError(f"GPUS {spec!r}: {item} is listed twice")
         counts.append(int(item))
@@ -87,9 +89,10 @@ def _parse_line(tokens: list[str], source: str, lineno: int, max_gpus, known_mod
             batch_size = _expr.batch_size(batch, n)
         except _expr.ExpressionError as err:
             raise ValueError(f"BATCH_SIZE: {err}") from None
-        if mode in ZERO3_MODES and batch_size % n:
-            raise ValueError(f"BATCH_SIZE {batch!r} gives {batch_size} for {n} GPUs, not "
-                             f"divisible (ZeRO-3 micro-batch = batch / GPUs)")
+        try:
+            check_batch(mode, batch_size, n)
+        except CaseError as err:
+            raise ValueError(f"BATCH_SIZE {batch!r} {err}") from None
         cases.append(Case(mode=mode, model=model, gpus=n, seq_len=seq_len,
                           dec_seq_len=dec_seq_len, batch_size=batch_size, batch_expr=batch,
                           ckpt=ckpt_value, source=source, line=lineno))

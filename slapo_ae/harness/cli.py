@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -95,9 +96,23 @@ def spec_from_args(args) -> RunSpec:
     cores = args.cores if args.cores is not None else default_cores(case.device, case.gpus)
     if cores < 1:
         raise UsageError(f"--cores must be at least 1, got {cores}")
-    return RunSpec(case=case, out=str(out), log=args.log or str(out.with_suffix(".log")),
-                   timeout=float(timeout), case_id=args.case_id, cores=cores,
-                   profile_dir=args.profile)
+    log = args.log or str(out.with_suffix(".log"))
+    for flag, folder in (("--out", out.parent), ("--log", Path(log).parent),
+                         ("--profile", Path(args.profile) if args.profile else None)):
+        if folder is not None:
+            _writable(flag, folder)
+    return RunSpec(case=case, out=str(out), log=log, timeout=float(timeout),
+                   case_id=args.case_id, cores=cores, profile_dir=args.profile)
+
+
+def _writable(flag: str, folder: Path) -> None:
+    """Refuse a folder the run could not write its results to, before anything runs."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"{flag}: cannot create {folder}: {err.strerror or err}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag}: {folder} is not writable")
 
 
 def cmd_run(args) -> int:

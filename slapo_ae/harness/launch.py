@@ -29,7 +29,7 @@ from pathlib import Path
 from slapo_ae import gpus, paths
 from slapo_ae.harness.runspec import RunSpec
 from slapo_ae.harness.supervise import Interrupted, supervise
-from slapo_ae.harness.threads import thread_env
+from slapo_ae.harness.threads import cpu_rank_limit, thread_env
 from slapo_ae.record import Record, RecordError, read_record, write_record
 
 LOG_TAIL_LINES = 20
@@ -181,6 +181,11 @@ def run(spec: RunSpec) -> Record:
         visible = gpus.visible_gpus()
         if spec.case.gpus > visible:
             reason = f"needs {spec.case.gpus} GPUs, {visible} visible"
+    else:
+        limit, rule = cpu_rank_limit()
+        if spec.case.gpus > limit:
+            reason = (f"needs {spec.case.gpus} CPU ranks; this machine holds at most {limit} "
+                      f"({rule})")
     if reason is None:
         try:
             get_system(spec.case.mode).check(spec)

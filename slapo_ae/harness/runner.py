@@ -160,6 +160,11 @@ def _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores,
     except Interrupted as err:
         note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
         return 128 + err.signum
+    except OSError as err:  # the harness command itself cannot start
+        reason = f"cannot start the harness ({shlex.join(cmd[:3])} ...): {err}"
+        note(f"failed: {reason}")
+        write_own_record(case, out, log, "failed", f"{reason}; see {log}", visible, started)
+        return 0
     finally:
         if alloc is not None:
             alloc.release()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 INTEROP_THREADS = 1  # a rank runs one stream of ops; an inter-op pool would only compete
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -39,6 +40,34 @@ def available_cores() -> int:
     """How many cores this process may run on (``os.cpu_count()`` without an affinity)."""
     affinity = cpu_affinity()
     return len(affinity) if affinity is not None else (os.cpu_count() or 1)
+
+
+RANKS_PER_CORE = 4  # CPU ranks beyond this many per core only time-share: refused
+RANK_MEMORY_BYTES = 2**30  # what one CPU rank needs at least (torch, a tiny model)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new processes (``MemAvailable``), None if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cpu_rank_limit() -> tuple[int, str]:
+    """How many CPU ranks this machine can hold, and the rule: at most
+    :data:`RANKS_PER_CORE` per core available and one per :data:`RANK_MEMORY_BYTES` of
+    memory available."""
+    cores = available_cores()
+    limit, rule = RANKS_PER_CORE * cores, f"{RANKS_PER_CORE} per core on {cores} cores"
+    memory = available_memory()
+    if memory is not None and memory // RANK_MEMORY_BYTES < limit:
+        limit = max(1, memory // RANK_MEMORY_BYTES)
+        rule = f"one per GiB of the {memory / 2**30:.1f} GiB available"
+    return limit, rule
 
 
 def default_cores(device: str, ranks: int) -> int:

@@ -14,9 +14,10 @@ unsupported), 1 (failed), 3 (out of memory).
 
 Fault injection, for testing the supervision: ``SLAPO_BENCH_FAULT=<kind>[@<rank>][:<where>]``
 makes that rank (every rank without ``@``) raise an error (``crash``), raise
-``torch.OutOfMemoryError`` (``oom``) or stop forever (``hang``), either at the start of the
-second step (``:step``, the default) or just before the system is set up (``:setup``; the other
-ranks then block in the set-up's first collective).
+``torch.OutOfMemoryError`` (``oom``), really allocate more than any machine holds (``alloc``:
+the CPU allocator's error, recorded as ``oom`` too) or stop forever (``hang``), either at the
+start of the second step (``:step``, the default) or just before the system is set up
+(``:setup``; the other ranks then block in the set-up's first collective).
 """
 from __future__ import annotations
 
@@ -62,13 +63,19 @@ def leave(code: int) -> int:
     os._exit(code)
 
 
+# What the allocators say when memory runs out: CUDA/HIP, and PyTorch's CPU allocator
+CPU_OOM_MESSAGE = "can't allocate memory"
+
+
 def is_oom(err: BaseException) -> bool:
     import torch
 
-    if isinstance(err, torch.OutOfMemoryError):
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(err, RuntimeError) and "out of memory" in str(err).lower() and (
-        "cuda" in str(err).lower() or "hip" in str(err).lower())
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and (
+        CPU_OOM_MESSAGE in text
+        or ("out of memory" in text and ("cuda" in text or "hip" in text)))
 
 
 def injected_fault(rank: int, where: str):
@@ -92,10 +99,12 @@ def raise_fault(kind: str, rank: int) -> None:
         raise RuntimeError(f"fault injected by {FAULT_ENV} on rank {rank}")
     if kind == "oom":
         raise torch.OutOfMemoryError(f"fault injected by {FAULT_ENV} on rank {rank}")
+    if kind == "alloc":  # a real allocation past any machine's memory (CPU allocator error)
+        torch.empty(2**62, dtype=torch.uint8)
     if kind == "hang":
         while True:
             time.sleep(3600)
-    raise ValueError(f"{FAULT_ENV}: unknown fault {kind!r} (crash, oom, hang)")
+    raise ValueError(f"{FAULT_ENV}: unknown fault {kind!r} (crash, oom, alloc, hang)")
 
 
 def model_fields(spec: RunSpec) -> dict:

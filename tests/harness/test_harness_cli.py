@@ -82,6 +82,46 @@ def test_run_usage_errors(tmp_path, capsys, args, message):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_a_batch_data_parallel_ranks_cannot_split_is_refused_before_launch(tmp_path, capsys):
+    argv = ["run", "--mode", "eager", "--model", "bert-tiny", "--gpus", "2", "--seq-len", "16",
+            "--batch-size", "3", "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "r")]
+    assert cli.main(argv) == 2
+    assert "--batch-size '3': gives 3 for 2 GPUs, not divisible" in capsys.readouterr().err
+
+
+def test_the_data_parallel_modes_are_the_systems_that_split_the_batch():
+    """``case.DATA_PARALLEL_MODES`` (checked when a cfg is parsed) names exactly the systems
+    whose ranks each take a slice of the batch; the ranks refuse an uneven split as well."""
+    import torch
+
+    from slapo_ae.case import DATA_PARALLEL_MODES, MODES
+    from slapo_ae.harness.systems import DistContext, Unsupported, get_system
+
+    ctx = DistContext(0, 2, 0, torch.device("cpu"))
+    for mode in set(MODES) - {"torchscript"}:
+        system = get_system(mode)(_spec(mode=mode), ctx)
+        assert (system.dp_size == 2) == (mode in DATA_PARALLEL_MODES), mode
+    uneven = get_system("eager")(_spec(mode="eager", batch_size=3), ctx)
+    with pytest.raises(Unsupported, match="global batch 3 is not divisible by 2"):
+        uneven.micro_batch()
+
+
+def test_run_refuses_result_paths_it_cannot_write_before_running(tmp_path, capsys):
+    """An unwritable --out, --log or --profile is a usage error at once, not a result lost
+    after the case has trained."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    base = ["run", "--mode", "eager", "--model", "bert-tiny", *TINY]
+    for flag, where in (("--out", "/proc/no-such-dir/r.json"), ("--log", blocker / "x.log"),
+                        ("--profile", blocker / "profiles")):
+        out = ["--out", str(tmp_path / "r.json")] if flag != "--out" else []
+        assert cli.main([*base, *out, flag, str(where)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"slapo-bench run: error: {flag}: cannot create"), err
+        assert "Traceback" not in err
+    assert not (tmp_path / "r.json").exists()
+
+
 @pytest.mark.parametrize("mode, model, extra, reason", [
     ("torchscript", "bert-tiny", [], "torchscript mode"),
     ("megatron", "roberta-tiny", [], "Megatron-LM has no RoBERTa"),
@@ -89,6 +129,9 @@ def test_run_usage_errors(tmp_path, capsys, args, message):
     ("megatron", "wideresnet-tiny", [], "Megatron-LM has no WideResNet"),
     ("eager", "bert-tiny", ["--dtype", "fp16"], "fp16 on CPU"),
     ("slapo-deepspeed", "bert-tiny", ["--dtype", "bf16"], "bf16 on CPU"),
+    # no machine here holds 4096 CPU ranks: refused before torchrun starts one
+    ("slapo-megatron", "bert-tiny", ["--gpus", "4096"], "needs 4096 CPU ranks; this machine "
+                                                        "holds at most"),
 ])
 def test_unsupported_is_recorded_without_launching(tmp_path, capsys, mode, model, extra, reason):
     out = tmp_path / "r.json"
@@ -126,9 +169,10 @@ def test_default_timeouts():
 
 
 # -- the parent's verdict when rank 0 wrote no record -------------------------------------
-def _spec(tmp_path=None, mode="eager", **fields):
-    case = Case(mode=mode, model="bert-tiny", gpus=2, seq_len=16, dec_seq_len=0, batch_size=4,
-                batch_expr="4", ckpt=0.0, steps=3, warmup=1, dtype="fp32", device="cpu")
+def _spec(tmp_path=None, mode="eager", batch_size=4, **fields):
+    case = Case(mode=mode, model="bert-tiny", gpus=2, seq_len=16, dec_seq_len=0,
+                batch_size=batch_size, batch_expr=str(batch_size), ckpt=0.0, steps=3, warmup=1,
+                dtype="fp32", device="cpu")
     base = dict(case=case, out=str(Path(tmp_path or "/nonexistent") / "r.json"), log=None,
                 timeout=30.0, run_id="run-1", launch_time=0.0)
     base.update(fields)

@@ -34,6 +34,15 @@ def test_oom_on_one_rank_gives_oom(tmp_path):
     assert record.reason.splitlines()[0].startswith("out of memory: rank 1: OutOfMemoryError")
 
 
+def test_cpu_allocator_running_out_gives_oom(tmp_path):
+    """A real allocation failure on CPU (not a CUDA message) is an ``oom``, not ``failed``."""
+    _, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny", *TINY,
+                         SLAPO_BENCH_FAULT="alloc@1:setup")
+    assert record.status == "oom"
+    head = record.reason.splitlines()[0]
+    assert head.startswith("out of memory: rank 1: RuntimeError") and "allocate" in head
+
+
 def test_hung_collective_is_killed_after_the_timeout(tmp_path):
     proc, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny",
                             *TINY, "--timeout", "40", SLAPO_BENCH_FAULT="hang@1:setup")

@@ -99,15 +99,6 @@ def test_notes_say_what_differs(records):
     assert any("gradient checkpointing" in n for n in records["deepspeed"].metrics.extra["notes"])
 
 
-def test_batch_not_divisible_is_unsupported_inside_the_ranks(tmp_path):
-    _, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny",
-                         "--gpus", "2", "--seq-len", "16", "--batch-size", "3", "--steps", "2",
-                         "--warmup", "1")
-    assert record.status == "unsupported"
-    assert record.reason == "global batch 3 is not divisible by 2 data-parallel ranks"
-    assert record.metrics.samples_per_s is None
-
-
 def test_a_case_with_dropout_repeats_its_losses_exactly(tmp_path):
     """The seed drives dropout too: two runs of one case give bit-identical losses."""
     args = ["--mode", "eager", "--model", "bert-tiny", "--gpus", "1", "--seq-len", "16",

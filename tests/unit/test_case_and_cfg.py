@@ -165,6 +165,9 @@ def test_known_models_lists_close_matches():
         ("deepspeed bert 2 512 0 16 -0.1", "out of [0, 1]"),
         ("eager bert 1 512 0 16 lots", "not a number"),
         ("deepspeed bert 4 512 0 6 0", "not divisible"),
+        ("eager bert 2 512 0 3 0", "'3' gives 3 for 2 GPUs, not divisible: eager splits"),
+        ("eager bert 99999999999999999999 512 0 8 0", "is more than 65536"),
+        ("slapo-kernel bert 2 512 0 3 0", "not divisible"),
     ],
 )
 def test_malformed_lines_name_file_and_line(tmp_path, line, says):
@@ -195,3 +198,8 @@ def test_duplicate_case_names_both_lines(tmp_path):
 def test_torchscript_and_ablation_modes_parse():
     text = "torchscript bert 1 512 0 8 0\nslapo-kernel bert-xlarge 1 512 0 20 0\n"
     assert [c.mode for c in parse_cfg_text(text)] == ["torchscript", "slapo-kernel"]
+
+
+def test_tensor_parallel_modes_take_any_batch():
+    assert parse_cfg_text("slapo-megatron bert 2 512 0 3 0")[0].batch_size == 3
+    assert parse_cfg_text("megatron bert 2 512 0 3 0")[0].batch_size == 3

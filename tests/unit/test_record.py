@@ -107,3 +107,21 @@ def test_collect_env_has_versions_and_host():
         assert key in env
     assert env["python"].startswith("3.")
     assert env["device_name"] == "cpu (test)"
+
+
+def test_files_are_written_atomically_and_readable_by_others(tmp_path):
+    """0666 less the umask, as open() gives, not mkstemp's 0600: results written as root on a
+    mounted folder stay readable; a writer that fails leaves the old file and no temp file."""
+    from slapo_ae import atomic
+
+    old = os.umask(0o022)
+    try:
+        path = write_record(make_record(), tmp_path / "r.json")
+        assert path.stat().st_mode & 0o777 == 0o644
+        with pytest.raises(RuntimeError), atomic.replacing(path) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("the writer broke")
+        assert read_record(path).status == "ok"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+    finally:
+        os.umask(old)

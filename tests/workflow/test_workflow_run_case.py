@@ -77,6 +77,15 @@ def test_missing_harness_becomes_failed_record(tmp_path):
     assert read_record(out).status == "failed"
 
 
+def test_a_harness_command_that_does_not_exist_becomes_a_failed_record(tmp_path):
+    out, log = tmp_path / "r.json", tmp_path / "r.log"
+    assert runner.run(case(), 60, str(out), str(log), "no-such-harness-command run") == 0
+    rec = read_record(out)
+    assert rec.status == "failed" and rec.case["id"] == CASE_ID
+    assert rec.reason.startswith("cannot start the harness (no-such-harness-command run")
+    assert "No such file or directory" in rec.reason and "cannot start" in log.read_text()
+
+
 def test_timeout_kills_harness_and_records_failure(tmp_path, fake_plan):
     fake_plan({"*": {"sleep": 60}})
     out = tmp_path / "r.json"
