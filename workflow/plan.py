@@ -111,6 +111,23 @@ def load_cases(settings: dict, root: Path | str = ".") -> dict[str, dict[str, Ca
     return cases
 
 
+def check_yaml(path: str | Path) -> None:
+    """Raise :class:`PlanError` naming ``path:line:column`` when ``path`` is no valid YAML
+    (a missing file is left to Snakemake, which says so)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        return
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(err, "problem", None) or str(err)
+        raise PlanError(f"{where}: not valid YAML: {problem}") from None
+
+
 def job_case(case: Case, settings: dict) -> Case:
     """What a case's job is given (its Snakemake ``params``): the case with the profile's run
     settings that shape the result (steps, warm-up, dtype, device). No cfg file name or line

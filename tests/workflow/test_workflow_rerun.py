@@ -54,6 +54,18 @@ def test_editing_one_cfg_line_reruns_that_case_and_the_aggregates(done_repo):
     assert done_repo.dry_run() == {}
 
 
+def test_deleting_a_record_reruns_that_case_and_the_aggregates(done_repo):
+    """The documented way to force a case again: its record, then every aggregate that read
+    it, are made anew; nothing goes on showing the deleted record's numbers."""
+    case_id = "deepspeed__gpt-neo-tiny__g1__s64__b2__c0"
+    done_repo.record("e2e", case_id).unlink()
+    assert done_repo.pending_cases() == {case_id}
+    assert set(done_repo.dry_run()) == {"case"} | AGGREGATES_E2E
+    done_repo.snakemake()
+    assert done_repo.record("e2e", case_id).is_file()
+    assert done_repo.dry_run() == {}
+
+
 def test_editing_the_harness_reruns_every_case(done_repo):
     record = done_repo.path / "slapo_ae" / "record.py"
     record.write_text(record.read_text() + "\n# edited\n")

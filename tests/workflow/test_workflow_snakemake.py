@@ -23,6 +23,16 @@ def test_config_is_validated_at_start(repo):
     assert "fp8" in proc.stdout + proc.stderr
 
 
+def test_broken_yaml_is_named_by_file_and_line(repo):
+    path = repo.path / "configs" / "config.yaml"
+    path.write_text(path.read_text() + "profile: [cpu\nsteps: 3\n")
+    lines = path.read_text().count("\n")
+    proc = repo.snakemake("-n", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"configs/config.yaml:{lines}:" in out and "not valid YAML" in out, out[-2000:]
+
+
 def test_bad_cfg_line_stops_the_dag_with_file_and_line(repo):
     cfg = repo.path / "configs" / "e2e" / "test.cfg"
     cfg.write_text(cfg.read_text() + "slapo-megatorn bert-tiny 2 64 0 4 0\n")

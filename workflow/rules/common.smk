@@ -15,6 +15,12 @@ import plan
 from slapo_ae import sources
 from slapo_ae.cfg import parse_cfg_text
 
+# Snakemake names only the Snakefile when the YAML is broken: say the file, line and column
+plan.check_yaml("configs/config.yaml")
+
+
+configfile: "configs/config.yaml"
+
 
 validate(config, schema="../schemas/config.schema.yaml", set_default=True)
 
