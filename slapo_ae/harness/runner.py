@@ -38,7 +38,7 @@ from slapo_ae import gpus, paths
 from slapo_ae.case import Case, CaseError
 from slapo_ae.harness.gpu_slots import GpuSlots
 from slapo_ae.harness.launch import OFFLINE_ENV as HARNESS_OFFLINE_ENV
-from slapo_ae.harness.supervise import Interrupted, supervise
+from slapo_ae.harness.supervise import Interrupted, die_with_parent, ignore_stop_signals, supervise
 from slapo_ae.record import RecordError, collect_env, non_ok, now, read_record, write_record
 
 GRACE_S = 120  # the hard timeout is the case's timeout plus this
@@ -46,6 +46,16 @@ DEFAULT_HARNESS = "python -m slapo_ae.harness.cli"
 # Where the GPU slots are: set by the workflow's planner for the jobs, read here.
 SLOTS_DIR_ENV = "SLAPO_GPU_SLOTS_DIR"
 SLOTS_TOTAL_ENV = "SLAPO_GPU_SLOTS_TOTAL"
+# CPU cases take the machine's one CPU slot, a lock that the harness holds as long as it runs:
+# no two CPU measurements overlap, whichever workflow (or orphan of a killed one) started them.
+CPU_LOCK_DIR_ENV = "SLAPO_CPU_LOCK_DIR"
+
+
+def cpu_lock_dir() -> str:
+    """``$SLAPO_CPU_LOCK_DIR`` or a per-user folder in the temp directory (machine-wide)."""
+    tmp = os.environ.get("TMPDIR", "/tmp")
+    user = os.environ.get("USER") or str(os.getuid())
+    return os.environ.get(CPU_LOCK_DIR_ENV) or str(Path(tmp) / f"slapo-cpu-{user}")
 # The harness's own environment (offline), and no DeepSpeed op builds.
 OFFLINE_ENV = {**HARNESS_OFFLINE_ENV, "DS_BUILD_OPS": "0"}
 
@@ -151,6 +161,10 @@ def _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores,
         env["CUDA_VISIBLE_DEVICES"] = alloc.visible_devices
     elif case.device != "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ""
+        t0 = time.monotonic()
+        alloc = GpuSlots(cpu_lock_dir(), 1).acquire(1)
+        note(f"the CPU slot in {cpu_lock_dir()} (waited {time.monotonic() - t0:.1f} s for "
+             "other CPU cases to end)")
     visible = env.get("CUDA_VISIBLE_DEVICES")
     cmd = harness_command(harness, case, timeout, out, log, cores)
     note(f"CUDA_VISIBLE_DEVICES={visible!r}; running: {shlex.join(cmd)}")
@@ -158,6 +172,7 @@ def _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores,
         outcome = supervise(cmd, timeout=timeout + grace, env=env, stdout=note.output,
                             pass_fds=tuple(alloc.fds) if alloc else ())
     except Interrupted as err:
+        ignore_stop_signals()  # the harness is down; more Ctrl-C must not cut the notes short
         note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
         return 128 + err.signum
     except OSError as err:  # the harness command itself cannot start
@@ -201,6 +216,7 @@ def main(argv=None) -> int:
                         help="CPU cores the case's ranks share (the rule passes its "
                              "rank_cores resource; default: the harness's)")
     args = parser.parse_args(argv)
+    die_with_parent()  # the rule execs the runner: it ends with the Snakemake that started it
     try:
         case = Case.from_json(args.case)
     except (CaseError, ValueError) as err:

@@ -82,6 +82,22 @@ def stop_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+def ignore_stop_signals() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """Ask Linux to send this process ``signum`` when its parent dies (no-op elsewhere): a
+    process that a killed parent would leave behind stops itself instead."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+    except (OSError, AttributeError):
+        pass
+
+
 class Interrupted(BaseException):
     """This process was told to stop while supervising a child (the child is stopped).
     A BaseException, like KeyboardInterrupt, so that no ``except Exception`` swallows it."""
@@ -119,8 +135,7 @@ def supervise(cmd: list[str], *, timeout: float, env: dict | None = None, stdout
             stop_tree(proc)
             return Outcome(proc.returncode, True, time.monotonic() - start)
     except Interrupted:
-        for sig in STOP_SIGNALS:  # a second Ctrl-C must not cut the clean-up short
-            signal.signal(sig, signal.SIG_IGN)
+        ignore_stop_signals()  # a second Ctrl-C must not cut the clean-up short
         if proc is not None:
             stop_tree(proc)
         raise

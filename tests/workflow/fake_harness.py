@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     start = time.time()
     if args.log:
         with open(args.log, "a") as log:
-            log.write(f"fake harness: {args.case_id} plan {todo}\n")
+            log.write(f"fake harness pid {os.getpid()}: {args.case_id} plan {todo}\n")
     time.sleep(float(todo.get("sleep", 0)))
     end = time.time()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

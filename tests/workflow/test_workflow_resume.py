@@ -65,3 +65,42 @@ def test_killed_run_resumes(repo):
     assert SLOW in ran_again
     assert not list((repo.path / "results").rglob("*.tmp"))
     assert repo.dry_run() == {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_case_ends_with_the_snakemake_that_started_it(repo):
+    """kill -9 of Snakemake alone: its running case (runner and harness) stops within
+    seconds and writes no record, so a rerun never measures beside an orphan."""
+    repo.plan({SLOW: {"sleep": 300}})
+    log = repo.path / "results" / "e2e" / "test" / "logs" / f"{SLOW}.log"
+    proc = subprocess.Popen(repo.command(), cwd=repo.path, env=repo.env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (log.is_file() and "fake harness pid" in log.read_text()):
+            assert proc.poll() is None, "snakemake ended before the kill"
+            assert time.monotonic() < deadline, "the slow case never started"
+            time.sleep(0.2)
+        harness = int(log.read_text().split("fake harness pid ")[1].split(":")[0])
+        os.kill(proc.pid, signal.SIGKILL)  # Snakemake only: its jobs are left to themselves
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while _alive(harness):
+            assert time.monotonic() < deadline, "the case outlived its Snakemake"
+            time.sleep(0.2)
+        time.sleep(2)
+        assert not repo.record("e2e", SLOW).exists()
+        assert "interrupted (signal 15)" in log.read_text()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

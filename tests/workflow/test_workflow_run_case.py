@@ -133,3 +133,56 @@ def test_interrupted_runner_writes_no_record(tmp_path, fake_plan):
     assert not out.exists()
     assert "interrupted" in log.read_text()
     assert not list(tmp_path.glob(".r.json.*"))  # nothing half-written
+
+
+def _start_runner(tmp_path, name, harness=HARNESS):
+    out, log = tmp_path / f"{name}.json", tmp_path / f"{name}.log"
+    cmd = [sys.executable, "-m", "slapo_ae.harness.runner", "--case", case().to_json(),
+           "--timeout", "60", "--out", str(out), "--log", str(log), "--harness", harness]
+    proc = subprocess.Popen(cmd, env=dict(os.environ), stderr=subprocess.PIPE, text=True)
+    return proc, out, log
+
+
+def _wait_for(predicate, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_two_quick_ctrl_c_stop_the_case_cleanly(tmp_path, fake_plan):
+    """SIGINT twice: exit 130, no traceback, the harness gone, the runner's notes kept."""
+    fake_plan({"*": {"sleep": 60}})
+    proc, out, log = _start_runner(tmp_path, "r")
+    _wait_for(lambda: log.exists() and "fake harness" in log.read_text(), "the harness")
+    harness = int(log.read_text().split("fake harness pid ")[1].split(":")[0])
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "Traceback" not in proc.stderr.read()
+    assert not out.exists() and not _alive(harness)
+    text = log.read_text()
+    assert text.count("interrupted (signal 2)") == 1 and "CUDA_VISIBLE_DEVICES=''" in text
+
+
+def test_cpu_cases_never_measure_side_by_side(tmp_path, fake_plan, monkeypatch):
+    """The CPU slot: a second runner waits for the first case's harness to end."""
+    monkeypatch.setenv("SLAPO_CPU_LOCK_DIR", str(tmp_path / "cpu-lock"))
+    fake_plan({"*": {"sleep": 2}})
+    first, out1, log1 = _start_runner(tmp_path, "a")
+    _wait_for(lambda: log1.exists() and "fake harness" in log1.read_text(), "the first case")
+    second, out2, log2 = _start_runner(tmp_path, "b")
+    assert first.wait(timeout=60) == 0 and second.wait(timeout=60) == 0
+    spans = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    (a, b) = sorted(spans, key=lambda s: s["start"])
+    assert b["start"] >= a["end"]  # the harnesses' runs did not overlap
+    assert "waited" in log2.read_text()

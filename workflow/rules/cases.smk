@@ -32,7 +32,8 @@ rule case:
     conda:
         ENV
     shell:
-        "python -m slapo_ae.harness.runner "
+        # exec: the runner is Snakemake's own child, and ends when Snakemake is killed
+        "exec python -m slapo_ae.harness.runner "
         "--case {params.case:q} --timeout {resources.timeout_s} --cores {resources.rank_cores} "
         "--harness {params.harness:q} "
         "--out {output.record} --log {log}"
