@@ -234,3 +234,19 @@ def test_fault_injection_parsing(monkeypatch):
     assert worker.injected_fault(0, "step") is None
     monkeypatch.delenv(worker.FAULT_ENV)
     assert worker.injected_fault(0, "step") is None
+
+
+def test_a_bug_in_the_harness_itself_still_leaves_a_failed_record(tmp_path, monkeypatch, capsys):
+    from slapo_ae.harness import launch
+
+    def broken(spec):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(launch, "run", broken)
+    out = tmp_path / "r.json"
+    assert cli.main(["run", "--mode", "eager", "--model", "bert-tiny", *TINY, "--device", "cpu",
+                     "--out", str(out)]) == 0
+    record = read_record(out)
+    assert record.status == "failed"
+    assert record.reason.startswith("harness error: KeyError: 'a bug'")
+    assert "Traceback" in record.reason

@@ -184,3 +184,15 @@ def test_wideresnet_structure():
     out = model(synthetic_batch("wideresnet-tiny", 2, 1)["pixel_values"])
     assert out.loss is None and out.logits.shape == (2, 100)
     assert torch.isfinite(out.logits).all()
+
+
+def test_a_malformed_model_config_is_named(tmp_path, monkeypatch):
+    from slapo_ae.zoo.configs import load_config
+
+    monkeypatch.setenv("SLAPO_MODEL_CONFIGS", str(tmp_path))
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "bare.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ValueError, match=r"malformed model config .*broken\.json"):
+        load_config("broken")
+    with pytest.raises(ValueError, match=r"bare\.json needs a '_slapo' object"):
+        load_config("bare")
