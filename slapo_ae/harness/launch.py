@@ -106,8 +106,23 @@ def _exit_text(rc: int) -> str:
     return f"exited with code {rc}"
 
 
-def conclude(spec: RunSpec, rc: int | None, timed_out: bool, rundir: Path) -> Record:
-    """The record of a finished (or killed) launch: rank 0's own, or one made here."""
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has ended since boot (``oom_kill`` of
+    ``/proc/vmstat``), None where the kernel does not say."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def conclude(spec: RunSpec, rc: int | None, timed_out: bool, rundir: Path,
+             oom_killed: tuple[int, int] | None = None) -> Record:
+    """The record of a finished (or killed) launch: rank 0's own, or one made here.
+    ``oom_killed``: the kernel's OOM-kill count before and after the launch, when it rose (a
+    rank that memory ran out for dies by SIGKILL, leaving no status of its own)."""
     own = _own_record(spec)
     if own is not None:
         return own
@@ -128,6 +143,11 @@ def conclude(spec: RunSpec, rc: int | None, timed_out: bool, rundir: Path) -> Re
             status, head = "oom", f"out of memory: {ooms[0]['reason']}"
         elif failed:
             status, head = "failed", f"{failed[0]['reason']} (torchrun {_exit_text(rc)})"
+        elif oom_killed:
+            status = "oom"
+            head = (f"out of memory: the kernel's OOM killer ended a process during the run "
+                    f"(oom_kill {oom_killed[0]} -> {oom_killed[1]} in /proc/vmstat, counted "
+                    f"machine-wide) and torchrun {_exit_text(rc)} before a record was written")
         else:
             status = "failed"
             head = f"torchrun {_exit_text(rc)} before a record was written"
@@ -154,6 +174,7 @@ def launch(spec: RunSpec) -> Record:
             log.write(f"# slapo-bench: {spec.case_dict()['id']} (run {spec.run_id})\n"
                       f"# {' '.join(cmd[:7])} ... (timeout {spec.timeout:g} s)\n")
             log.flush()
+            kills_before = oom_kills()
             try:
                 outcome = supervise(cmd, timeout=spec.timeout, env=worker_env(spec), stdout=log)
             except Interrupted as err:  # the job was cancelled: the ranks are stopped
@@ -162,7 +183,11 @@ def launch(spec: RunSpec) -> Record:
             rc, timed_out = outcome.returncode, outcome.timed_out
             log.write(f"# slapo-bench: torchrun {_exit_text(rc) if rc is not None else 'killed'}"
                       f"{' after the timeout' if timed_out else ''}\n")
-        record = conclude(spec, rc, timed_out, rundir)
+        kills_after = oom_kills()
+        rose = (kills_before is not None and kills_after is not None
+                and kills_after > kills_before)
+        record = conclude(spec, rc, timed_out, rundir,
+                          (kills_before, kills_after) if rose else None)
         if _own_record(spec) is None:
             write_record(record, spec.out)
         return record

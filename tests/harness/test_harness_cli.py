@@ -250,3 +250,14 @@ def test_a_bug_in_the_harness_itself_still_leaves_a_failed_record(tmp_path, monk
     assert record.status == "failed"
     assert record.reason.startswith("harness error: KeyError: 'a bug'")
     assert "Traceback" in record.reason
+
+
+def test_a_rank_the_oom_killer_ended_is_recorded_as_oom(tmp_path):
+    """No status file, torchrun failed, and the kernel's OOM-kill count rose: ``oom``."""
+    from slapo_ae.harness.launch import conclude
+
+    spec = _spec(tmp_path, log=str(tmp_path / "r.log"))
+    record = conclude(spec, 1, False, tmp_path, oom_killed=(3, 4))
+    assert record.status == "oom"
+    assert record.reason.startswith("out of memory: the kernel's OOM killer ended a process")
+    assert conclude(spec, 1, False, tmp_path).status == "failed"
