@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import pytest
-from wf_util import ABLATION_CASES, E2E_CASES
+from wf_util import ABLATION_CASES, E2E_CASES, alive, stop_group
 
 from slapo_ae.record import read_record
 
@@ -21,23 +21,29 @@ def _all_records(repo):
     return repo.records("e2e") + repo.records("ablation")
 
 
-def test_killed_run_resumes(repo):
+def _run_until_the_slow_case_runs(repo, records: int = 0):
+    """Start Snakemake (in a session of its own) with the slow case planned, and wait until
+    its harness runs and at least ``records`` records are there; (process, the case's log)."""
     repo.plan({SLOW: {"sleep": 300}})
     log = repo.path / "results" / "e2e" / "test" / "logs" / f"{SLOW}.log"
     proc = subprocess.Popen(repo.command(), cwd=repo.path, env=repo.env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        # wait until the slow case runs and the other core has finished a few cases
-        while not (log.is_file() and "fake harness" in log.read_text()
-                   and len(_all_records(repo)) >= 4):
-            assert proc.poll() is None, "snakemake ended before the kill"
-            assert time.monotonic() < deadline, "the slow case never started"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # snakemake, the runner, all in its group
-        proc.wait()
+    deadline = time.monotonic() + 300
+    while not (log.is_file() and "fake harness pid" in log.read_text()
+               and len(_all_records(repo)) >= records):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_group(proc.pid)
+            raise AssertionError("snakemake ended, or the slow case never started")
+        time.sleep(0.2)
+    return proc, log
+
+
+def test_killed_run_resumes(repo):
+    # the slow case runs and the other core has finished a few cases
+    proc, _ = _run_until_the_slow_case_runs(repo, records=4)
+    os.killpg(proc.pid, signal.SIGKILL)  # snakemake, the runner, all in its group
+    proc.wait()
     time.sleep(1)  # the harness dies with its runner (parent-death signal)
 
     # a job killed after its record was written but before Snakemake marked it finished is
@@ -67,40 +73,20 @@ def test_killed_run_resumes(repo):
     assert repo.dry_run() == {}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def test_a_case_ends_with_the_snakemake_that_started_it(repo):
     """kill -9 of Snakemake alone: its running case (runner and harness) stops within
     seconds and writes no record, so a rerun never measures beside an orphan."""
-    repo.plan({SLOW: {"sleep": 300}})
-    log = repo.path / "results" / "e2e" / "test" / "logs" / f"{SLOW}.log"
-    proc = subprocess.Popen(repo.command(), cwd=repo.path, env=repo.env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc, log = _run_until_the_slow_case_runs(repo)
     try:
-        deadline = time.monotonic() + 300
-        while not (log.is_file() and "fake harness pid" in log.read_text()):
-            assert proc.poll() is None, "snakemake ended before the kill"
-            assert time.monotonic() < deadline, "the slow case never started"
-            time.sleep(0.2)
         harness = int(log.read_text().split("fake harness pid ")[1].split(":")[0])
         os.kill(proc.pid, signal.SIGKILL)  # Snakemake only: its jobs are left to themselves
         proc.wait()
         deadline = time.monotonic() + 60
-        while _alive(harness):
+        while alive(harness):
             assert time.monotonic() < deadline, "the case outlived its Snakemake"
             time.sleep(0.2)
         time.sleep(2)
         assert not repo.record("e2e", SLOW).exists()
         assert "interrupted (signal 15)" in log.read_text()
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_group(proc.pid)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from wf_util import alive
 
 from slapo_ae.case import Case
 from slapo_ae.harness import runner
@@ -150,14 +151,6 @@ def _wait_for(predicate, what, timeout=60):
         time.sleep(0.1)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-
-
 def test_two_quick_ctrl_c_stop_the_case_cleanly(tmp_path, fake_plan):
     """SIGINT twice: exit 130, no traceback, the harness gone, the runner's notes kept."""
     fake_plan({"*": {"sleep": 60}})
@@ -169,7 +162,7 @@ def test_two_quick_ctrl_c_stop_the_case_cleanly(tmp_path, fake_plan):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     assert "Traceback" not in proc.stderr.read()
-    assert not out.exists() and not _alive(harness)
+    assert not out.exists() and not alive(harness)
     text = log.read_text()
     assert text.count("interrupted (signal 2)") == 1 and "CUDA_VISIBLE_DEVICES=''" in text
 

@@ -167,3 +167,22 @@ def x_marks(fig) -> int:
     """How many X marks (non-``ok`` cases) a figure of ``slapo_ae.analysis.plots`` draws
     (legends aside)."""
     return sum(1 for ax in fig.axes for line in ax.lines if line.get_marker() == "x")
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def stop_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid``, if it is still there."""
+    import signal
+
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
