@@ -4,7 +4,8 @@ exactly one record results.
     record = launch.run(spec)
 
 1. The system's cheap check runs here first; an ``unsupported`` case (torchscript, a model the
-   system lacks, 16-bit on CPU, more GPUs than visible) is recorded without launching.
+   system lacks, 16-bit on CPU, more GPUs than visible, more CPU ranks than the machine holds:
+   :func:`slapo_ae.harness.threads.cpu_rank_limit`) is recorded without launching.
 2. ``python -m torch.distributed.run --standalone --nproc_per_node N -m slapo_ae.harness.worker
    --spec JSON`` runs in a session of its own, stdout and stderr to the log file.
 3. The parent waits up to ``spec.timeout`` seconds; past it, it kills torchrun and its ranks
@@ -13,7 +14,8 @@ exactly one record results.
    the harness.
 4. If rank 0 wrote the record of this launch (its ``metrics.extra.run_id`` matches), that is
    the result. Otherwise the parent writes one from the ranks' status files and the exit
-   code: ``oom`` if a rank ran out of memory, else ``failed``. The reason's first line says
+   code: ``oom`` if a rank ran out of memory (or the kernel's OOM killer ended a process during
+   the run: :func:`oom_kills`), else ``failed``. The reason's first line says
    what happened; the failing rank's traceback and the tail of the log follow it.
 """
 from __future__ import annotations

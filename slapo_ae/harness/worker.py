@@ -34,6 +34,7 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from slapo_ae.harness.runspec import RunSpec  # noqa: E402
+from slapo_ae.harness.supervise import die_with_parent  # noqa: E402
 
 EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
 FAULT_ENV = "SLAPO_BENCH_FAULT"
@@ -219,22 +220,18 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
                   started_at=iso(spec.launch_time), finished_at=now())
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank when torchrun dies (torchrun starts each rank in a
-    session of its own, so a killed torchrun would otherwise leave it running)."""
-    try:
-        import ctypes
-        import signal
+def die_with_torchrun() -> None:
+    """SIGKILL this rank when torchrun dies (torchrun starts each rank in a session of its
+    own, so a killed torchrun would otherwise leave it running)."""
+    import signal
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # torchrun already gone
-            os._exit(EXIT_FAILED)
-    except (OSError, AttributeError):
-        pass
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() == 1:  # torchrun already gone
+        os._exit(EXIT_FAILED)
 
 
 def run(spec: RunSpec) -> int:
-    die_with_parent()
+    die_with_torchrun()
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
