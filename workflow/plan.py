@@ -69,6 +69,9 @@ def resolve(config: dict, env: dict | None = None) -> dict:
                         f"defined: {', '.join(sorted(profiles))}")
     settings = dict(profiles[name])
     settings["name"] = name
+    if settings["warmup"] >= settings["steps"]:
+        raise PlanError(f"profile {name}: warmup ({settings['warmup']}) must be below steps "
+                        f"({settings['steps']}): no timed step would remain")
     settings["gpus_available"] = gpus
     settings.setdefault("max_gpus", max(gpus, 1))
     settings["experiments"] = {exp: list(settings.get("experiments", {}).get(exp, []))
@@ -126,6 +129,20 @@ def check_yaml(path: str | Path) -> None:
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(err, "problem", None) or str(err)
         raise PlanError(f"{where}: not valid YAML: {problem}") from None
+
+
+def check_config(config: dict, schema_path: str | Path) -> None:
+    """Raise :class:`PlanError` naming the key of the first value (config file or
+    ``--config``) that the workflow's JSON schema refuses, in one line."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.path])
+    if errors:
+        key = ".".join(str(p) for p in errors[0].path) or "the config"
+        raise PlanError(f"configs/config.yaml (or --config): {key}: {errors[0].message}")
 
 
 def job_case(case: Case, settings: dict) -> Case:

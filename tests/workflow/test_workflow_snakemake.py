@@ -14,31 +14,45 @@ def test_lint_is_clean(repo):
     assert "Lints for" not in out
 
 
+def refused(proc) -> list[str]:
+    """The error lines of a workflow that refused its input: exit status 2, no traceback."""
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and 'File "' not in proc.stderr, proc.stderr[-2000:]
+    return [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+
+
 def test_config_is_validated_at_start(repo):
     config = yaml.safe_load((repo.path / "configs" / "config.yaml").read_text())
     config["profiles"]["test"]["dtype"] = "fp8"
     repo.write_config(config)
-    proc = repo.snakemake("-n", check=False)
-    assert proc.returncode != 0
-    assert "fp8" in proc.stdout + proc.stderr
+    assert refused(repo.snakemake("-n", check=False)) == [
+        "error: configs/config.yaml (or --config): profiles.test.dtype: 'fp8' is not one of "
+        "['fp32', 'fp16', 'bf16']"]
+
+
+@pytest.mark.parametrize("override, says", [
+    ("profile=nope", "error: profile 'nope' is not defined in the config; defined: "),
+    ("gpus=lots", "error: configs/config.yaml (or --config): gpus: "),
+])
+def test_config_overrides_are_refused_in_one_line(repo, override, says):
+    errors = refused(repo.snakemake("-n", "--config", override, check=False))
+    assert len(errors) == 1 and errors[0].startswith(says), errors
 
 
 def test_broken_yaml_is_named_by_file_and_line(repo):
     path = repo.path / "configs" / "config.yaml"
     path.write_text(path.read_text() + "profile: [cpu\nsteps: 3\n")
     lines = path.read_text().count("\n")
-    proc = repo.snakemake("-n", check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert f"configs/config.yaml:{lines}:" in out and "not valid YAML" in out, out[-2000:]
+    errors = refused(repo.snakemake("-n", check=False))
+    assert len(errors) == 1 and errors[0].startswith(f"error: configs/config.yaml:{lines}:")
+    assert "not valid YAML" in errors[0]
 
 
 def test_bad_cfg_line_stops_the_dag_with_file_and_line(repo):
     cfg = repo.path / "configs" / "e2e" / "test.cfg"
     cfg.write_text(cfg.read_text() + "slapo-megatorn bert-tiny 2 64 0 4 0\n")
-    proc = repo.snakemake("-n", check=False)
-    assert proc.returncode != 0
-    assert "configs/e2e/test.cfg:8: unknown mode 'slapo-megatorn'" in proc.stdout + proc.stderr
+    errors = refused(repo.snakemake("-n", check=False))
+    assert errors[0].startswith("error: configs/e2e/test.cfg:8: unknown mode 'slapo-megatorn'")
 
 
 def test_paper_dag_has_every_figure7_and_figure9_case(tmp_path):

@@ -15,27 +15,36 @@ import plan
 from slapo_ae import sources
 from slapo_ae.cfg import parse_cfg_text
 
+
+
+def refuse(err):
+    """Bad input stops the workflow before any job: a line per problem, exit status 2."""
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+
 # Snakemake names only the Snakefile when the YAML is broken: say the file, line and column
-plan.check_yaml("configs/config.yaml")
+try:
+    plan.check_yaml("configs/config.yaml")
+except plan.PlanError as err:
+    refuse(err)
 
 
 configfile: "configs/config.yaml"
 
 
-validate(config, schema="../schemas/config.schema.yaml", set_default=True)
+try:
+    plan.check_config(config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml")
+    validate(config, schema="../schemas/config.schema.yaml", set_default=True)  # the defaults
+    PROFILE = plan.resolve(config)
+    CASES = plan.load_cases(PROFILE)  # {experiment: {case_id: Case}}
+except plan.PlanError as err:
+    refuse(err)
 
 plan.python_on_path()  # jobs' `python` is the interpreter running Snakemake
-PROFILE = plan.resolve(config)
-CASES = plan.load_cases(PROFILE)  # {experiment: {case_id: Case}}
 CASE_CODE = sources.case_code()
 ENV = "../envs/slapo.yaml"
 plan.export_slots(config, PROFILE)  # GPU slot folder and count, for the jobs' environment
-
-if PROFILE["warmup"] >= PROFILE["steps"]:
-    raise ValueError(
-        f"profile {PROFILE['name']}: warmup ({PROFILE['warmup']}) must be below steps "
-        f"({PROFILE['steps']}): no timed step would remain"
-    )
 
 
 def case_of(wildcards):
