@@ -36,6 +36,7 @@ class RunSpec:
     timeout: float | None = None
     case_id: str | None = None  # the record's case id, if not the case's own (--case-id)
     cores: int | None = None  # CPU cores the case holds, shared by its ranks (threads.py)
+    memory_per_rank: int | None = None  # bytes of data a rank may hold (RLIMIT_DATA), if capped
     profile_dir: str | None = None  # where each rank writes its torch.profiler tables
     run_id: str = ""  # ties the record rank 0 writes to this launch
     launch_time: float | None = None  # parent's time.time() just before starting torchrun
@@ -56,7 +57,8 @@ class RunSpec:
                                os.environ.get("CUDA_VISIBLE_DEVICES"))
         return non_ok(self.case_dict(), status, reason, log_path=self.log,
                       started_at=_iso(self.launch_time),
-                      env={**collect_env(device), **self.thread_budget().as_env_record()},
+                      env={**collect_env(device), **self.thread_budget().as_env_record(),
+                           "memory_per_rank": self.memory_per_rank},
                       extra={"run_id": self.run_id, "dtype": self.case.dtype,
                              "device": self.case.device, **extra})
 

@@ -176,7 +176,7 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
     env = collect_env(metrics.device_info())
     budget = spec.thread_budget()
     env.update({"world_size": ctx.world_size, "backend": "nccl" if ctx.device.type == "cuda"
-                else "gloo", **budget.as_env_record(),
+                else "gloo", **budget.as_env_record(), "memory_per_rank": spec.memory_per_rank,
                 "threads_in_use": [rank["threads"] for rank in gathered]})
     notes = list(system.notes)
     if budget.oversubscribed:
@@ -230,8 +230,19 @@ def die_with_torchrun() -> None:
         os._exit(EXIT_FAILED)
 
 
+def cap_memory(spec: RunSpec) -> None:
+    """Apply ``--memory-per-rank`` before any heavy import: past it, allocations fail (PyTorch
+    says "can't allocate memory"), so the rank records ``oom`` instead of swapping or meeting
+    the kernel's OOM killer."""
+    if spec.memory_per_rank:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_DATA, (spec.memory_per_rank, spec.memory_per_rank))
+
+
 def run(spec: RunSpec) -> int:
     die_with_torchrun()
+    cap_memory(spec)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))

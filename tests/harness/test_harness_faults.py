@@ -43,6 +43,19 @@ def test_cpu_allocator_running_out_gives_oom(tmp_path):
     assert head.startswith("out of memory: rank 1: RuntimeError") and "allocate" in head
 
 
+def test_a_rank_past_its_memory_cap_gives_oom_and_one_within_it_trains(tmp_path):
+    """``--memory-per-rank``: a real out-of-memory on CPU (activations of a batch too large
+    for 1 GiB) is recorded as ``oom``; a tiny case under the same kind of cap trains."""
+    _, record = run_case(tmp_path / "big.json", "--mode", "eager", "--model", "bert-tiny",
+                         "--gpus", "1", "--seq-len", "512", "--batch-size", "256", "--steps",
+                         "2", "--warmup", "1", "--memory-per-rank", "1024")
+    assert record.status == "oom" and "can't allocate memory" in record.reason
+    assert record.env["memory_per_rank"] == 2**30
+    _, record = run_case(tmp_path / "tiny.json", "--mode", "eager", "--model", "bert-tiny",
+                         *TINY, "--memory-per-rank", "2048")
+    assert record.status == "ok" and record.env["memory_per_rank"] == 2**31
+
+
 def test_hung_collective_is_killed_after_the_timeout(tmp_path):
     proc, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny",
                             *TINY, "--timeout", "40", SLAPO_BENCH_FAULT="hang@1:setup")
