@@ -221,12 +221,25 @@ def main(argv=None) -> int:
     p.add_argument("folder")
     args = parser.parse_args(argv)
     if args.command == "run":
+        from slapo_ae.cfg import CfgError, parse_cfg
+
+        try:  # bad input is refused before any case runs
+            parse_cfg(args.cfg)
+        except CfgError as err:
+            print("\n".join(err.errors), file=sys.stderr)
+            return 2
+        except OSError as err:
+            print(f"{args.cfg}: cannot read: {err.strerror or err}", file=sys.stderr)
+            return 2
         skipped = run(args.cfg, args.out, args.steps, args.warmup, args.dtype, args.device,
                       args.budget, args.timeout)
         folder = args.out
     else:
         skipped = 0
         folder = args.folder
+        if not Path(folder).is_dir():
+            print(f"{folder}: no such folder of records", file=sys.stderr)
+            return 2
     verdicts = judge(folder)
     print(Path(folder, "summary.md").read_text())
     if skipped:

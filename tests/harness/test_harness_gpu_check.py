@@ -135,3 +135,18 @@ def test_shipped_cfg_has_every_system_for_each_model_slapo_first():
              "deepspeed", "eager"]
     assert [(c.model, c.mode) for c in cases] == [(m, mode) for m in models for mode in modes]
     assert {c.gpus for c in cases} == {1} and {c.ckpt for c in cases} <= {0.0, None}
+
+
+def test_bad_input_is_refused_in_one_line_before_anything_runs(tmp_path, capsys):
+    from slapo_ae.analysis import gpu_check
+    from slapo_ae.case import MODES
+
+    bad = tmp_path / "bad.cfg"
+    bad.write_text("eager bert-tiny 1 64 0 4 0\nbogus bert-tiny 1 64 0 4 0\n")
+    assert gpu_check.main(["run", str(bad), "--out", str(tmp_path / "out")]) == 2
+    known = ", ".join(MODES)
+    assert capsys.readouterr().err.strip() == f"{bad}:2: unknown mode 'bogus'; known: {known}"
+    assert not (tmp_path / "out").exists()
+    assert gpu_check.main(["run", str(tmp_path / "none.cfg"), "--out", str(tmp_path / "o")]) == 2
+    assert gpu_check.main(["judge", str(tmp_path / "nowhere")]) == 2
+    assert "no such folder" in capsys.readouterr().err
