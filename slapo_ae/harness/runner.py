@@ -10,7 +10,9 @@ params), ``--timeout`` its time limit in seconds. GPU slots come from ``--slots-
 
 1. on CUDA, takes the case's GPUs from the slot allocator (:mod:`.gpu_slots`) and sets
    ``CUDA_VISIBLE_DEVICES``; a case needing more GPUs than the machine has is recorded as
-   ``unsupported`` without running; on CPU it hides CUDA (``CUDA_VISIBLE_DEVICES=""``);
+   ``unsupported`` without running; on CPU it hides CUDA (``CUDA_VISIBLE_DEVICES=""``) and
+   takes the machine's one CPU slot (:func:`cpu_lock_dir`), which the harness holds while it
+   runs, so that no two CPU measurements overlap;
 2. runs ``<harness> run --mode ... --cores C --out REC.json --log CASE.log`` with the
    offline environment, in its own process group, under a hard timeout (the case's timeout
    plus ``--grace``, default :data:`GRACE_S`); ``--cores`` (the rule's ``rank_cores``: one
@@ -20,8 +22,9 @@ params), ``--timeout`` its time limit in seconds. GPU slots come from ``--slots-
    ``failed`` record itself, with the reason and the log path: failures are data, and a
    failing case never stops the figures of the others.
 
-If the runner itself is interrupted (SIGINT/SIGTERM/SIGHUP, e.g. Snakemake being stopped), it
-stops the harness and exits without writing a record, so the case reruns next time. Records
+If the runner itself is interrupted (SIGINT/SIGTERM/SIGHUP, e.g. Snakemake being stopped, or
+killed: the runner asks for its parent's death signal), it stops the harness and exits
+128 + signal without writing a record, so the case reruns next time. Records
 are only ever written atomically (:func:`slapo_ae.record.write_record`).
 """
 from __future__ import annotations
