@@ -9,13 +9,17 @@ from torch import nn
 
 
 def build(sch, init_weights: Callable[[nn.Module], None] | None = None, target: str = "module",
-          **options):
+          device: str | torch.device | None = None, **options):
     """Return the scheduled model, ready for an optimizer.
 
     Primitives take effect as they are applied, so ``build`` only finishes the model:
     ``init_weights(module)``, when given, is called on every submodule (under ``no_grad``) to
-    initialise parameters after sharding, for example on a model created on the meta device
-    and materialised with ``to_empty``. Parameters still on the meta device are an error.
+    initialise parameters after sharding. A model created on the meta device (shapes only,
+    then scheduled: each rank's shards are meta too) is first given storage on ``device``
+    (default: the current CUDA device if there is one, else the CPU) by :func:`materialize`,
+    which keeps every parameter object, so that shard specs, annotations and ties survive;
+    do not call ``to_empty`` yourself, which makes new parameters and loses them. Parameters
+    still on the meta device after ``init_weights`` are an error.
 
     ``target="pipeline"`` (after ``trace`` and ``cut_pipeline_stage``) splits the traced model
     into one stage per rank and returns a ``slapo.pipeline.PipelineBuild`` for
@@ -27,22 +31,50 @@ def build(sch, init_weights: Callable[[nn.Module], None] | None = None, target: 
     if target == "pipeline":
         from .pipeline import build_pipeline
         pipe = build_pipeline(sch, **options)
-        _finish(pipe.module, init_weights)
+        _finish(pipe.module, init_weights, device)
         return pipe
     if target != "module" or options:
         raise ValueError(f"unknown build target {target!r} (expected 'module' or 'pipeline')"
                          if target != "module" else
                          f"unexpected options for target 'module': {', '.join(options)}")
-    return _finish(sch.mod, init_weights)
+    return _finish(sch.mod, init_weights, device)
 
 
-def _finish(model: nn.Module, init_weights) -> nn.Module:
+def materialize(model: nn.Module, device: str | torch.device | None = None) -> nn.Module:
+    """Give a model's meta parameters and buffers empty storage on ``device``, in place;
+    the others are left as they are.
+
+    Unlike ``Module.to_empty``, which replaces every parameter by a new object, this swaps the
+    storage into the same objects (``torch.utils.swap_tensors``): a parameter tied to several
+    modules stays one, and its attributes (shard spec, annotations) are kept.
+    """
+    if device is None:
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if torch.cuda.is_available() else torch.device("cpu"))
+    for param in model.parameters():  # each shared parameter once
+        if param.is_meta:
+            kept = dict(param.__dict__)  # the swap moves __dict__ with the storage
+            torch.utils.swap_tensors(param, nn.Parameter(torch.empty_like(param, device=device),
+                                                         requires_grad=param.requires_grad))
+            param.__dict__.update(kept)
+    for mod in model.modules():
+        for name, buf in mod._buffers.items():
+            if buf is not None and buf.is_meta:
+                new = torch.empty_like(buf, device=device)
+                new.__dict__.update(buf.__dict__)
+                mod._buffers[name] = new
+    return model
+
+
+def _finish(model: nn.Module, init_weights, device) -> nn.Module:
     if init_weights is not None:
+        if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+            materialize(model, device)
         with torch.no_grad():
             model.apply(init_weights)
     meta = [name for name, p in model.named_parameters() if p.is_meta]
     if meta:
         raise ValueError(f"parameters still on the meta device after build: {', '.join(meta[:5])}"
-                         f"{' ...' if len(meta) > 5 else ''}; materialise them (to_empty) and pass "
-                         "init_weights")
+                         f"{' ...' if len(meta) > 5 else ''}; pass init_weights, and build "
+                         "gives them storage before calling it")
     return model

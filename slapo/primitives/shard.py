@@ -77,6 +77,7 @@ def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int) -> No
             raise ValueError(f"'{where}' is already sharded along axis {spec.axis}; "
                              f"cannot shard it along axis {axis} too")
         return
+    _check_row_parallel(module, name, axis, where)
     world = sch.world_size
     if param.shape[axis] % world:
         raise ValueError(f"cannot shard '{where}' of shape {tuple(param.shape)} along axis "
@@ -115,6 +116,30 @@ def _adjust_module(module: nn.Module, pname: str, axis: int, world: int, sch, wh
             _make_vocab_parallel(module, world, sch.rank)
         else:
             module.embedding_dim //= world
+
+
+def _torch_base(module: nn.Module) -> type:
+    """The class of torch.nn that ``module``'s class derives from (itself if it is one)."""
+    return next(c for c in type(module).__mro__ if c.__module__.startswith("torch.nn."))
+
+
+def _check_row_parallel(module: nn.Module, name: str, axis: int, where: str) -> None:
+    """A row-parallel shard of a Linear or convolution with a bias runs the bias-free base
+    computation and adds the bias once, after the partial results are summed. A subclass
+    with a forward of its own would lose that forward's work, so it is refused, before any
+    parameter changes."""
+    if name != "weight" or axis != 1 or getattr(module, "bias", None) is None:
+        return
+    if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
+        return
+    base = _torch_base(module)
+    if type(module).forward is not base.forward:
+        raise ValueError(
+            f"cannot shard '{where}' along its input axis: {type(module).__name__} overrides "
+            f"{base.__name__}.forward, and a row-parallel shard adds the bias after the "
+            f"partial sums, which slapo can do only for {base.__name__}'s own computation "
+            f"(its own forward would be lost). Shard a {base.__name__} (replace the module "
+            "first), or one without a bias")
 
 
 def _shard_bias(module: nn.Module, sch, weight_where: str) -> None:
