@@ -104,6 +104,13 @@ def now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
+def iso(t: float | None) -> str | None:
+    """An epoch time (``time.time()``), UTC, ISO 8601 as :func:`now` writes it; None stays."""
+    if t is None:
+        return None
+    return _dt.datetime.fromtimestamp(t, _dt.UTC).isoformat(timespec="seconds")
+
+
 def package_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slapo_ae import paths
-from slapo_ae.zoo.configs import FAMILIES
+from slapo_ae.zoo.configs import FAMILIES, config_dir, model_family
 
 SCHEDULES = "slapo/model_schedule"
 NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis")  # planning and analysis, not a case
@@ -70,8 +70,6 @@ def uses_schedule(mode: str) -> bool:
 def case_sources(case, root: Path | str = paths.ROOT, code: list[str] | None = None) -> list[str]:
     """Files whose change reruns ``case``; ``code`` (:func:`case_code`) may be passed in, to
     list the folders once for all cases."""
-    from slapo_ae.zoo.configs import config_dir, model_family
-
     root = Path(root)
     files = list(code if code is not None else case_code(root))
     config = config_dir() / f"{case.model}.json"

@@ -39,11 +39,6 @@ class PlanError(ValueError):
 
 # ----------------------------------------------------------------------------- GPUs, profile
 
-def gpus_visible(env: dict | None = None) -> int:
-    """GPUs visible to the workflow (:func:`slapo_ae.gpus.visible_gpus`)."""
-    return gpus.visible_gpus(env)
-
-
 def auto_profile(gpus: int) -> str:
     """The profile ``profile: auto`` picks for ``gpus`` visible GPUs."""
     for minimum, name in PROFILE_BY_GPUS:
@@ -59,10 +54,10 @@ def resolve(config: dict, env: dict | None = None) -> dict:
     ``config["gpus"]``: ``"auto"`` (detect) or a number; ``config["profile"]``: ``"auto"`` or
     a key of ``config["profiles"]``.
     """
-    gpus = config.get("gpus", "auto")
-    gpus = gpus_visible(env) if gpus in ("auto", None) else int(gpus)
+    count = config.get("gpus", "auto")
+    count = gpus.visible_gpus(env) if count in ("auto", None) else int(count)
     name = config.get("profile", "auto")
-    name = auto_profile(gpus) if name in ("auto", None) else str(name)
+    name = auto_profile(count) if name in ("auto", None) else str(name)
     profiles = config.get("profiles", {})
     if name not in profiles:
         raise PlanError(f"profile {name!r} is not defined in the config; "
@@ -72,8 +67,8 @@ def resolve(config: dict, env: dict | None = None) -> dict:
     if settings["warmup"] >= settings["steps"]:
         raise PlanError(f"profile {name}: warmup ({settings['warmup']}) must be below steps "
                         f"({settings['steps']}): no timed step would remain")
-    settings["gpus_available"] = gpus
-    settings.setdefault("max_gpus", max(gpus, 1))
+    settings["gpus_available"] = count
+    settings.setdefault("max_gpus", max(count, 1))
     settings["experiments"] = {exp: list(settings.get("experiments", {}).get(exp, []))
                                for exp in EXPERIMENTS}
     return settings
@@ -223,8 +218,8 @@ def slots_dir(config: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """``python workflow/plan.py [--gpus]``: the active profile and its cases (``--gpus``:
-    only the GPU count, e.g. for ``--resources gpus=N``)."""
+    """``python workflow/plan.py``: the active profile and its cases (the GPU count alone, e.g.
+    for ``--resources gpus=N``, is ``python -m slapo_ae.gpus``)."""
     import argparse
 
     import yaml
@@ -232,11 +227,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--config", default="configs/config.yaml")
     parser.add_argument("--profile", default=None, help="override the config's profile")
-    parser.add_argument("--gpus", action="store_true", help="print the GPUs detected, only")
     args = parser.parse_args(argv)
-    if args.gpus:
-        print(gpus_visible())
-        return 0
     config = yaml.safe_load(Path(args.config).read_text())
     if args.profile:
         config["profile"] = args.profile

@@ -31,7 +31,7 @@ from pathlib import Path
 from slapo_ae import gpus, paths
 from slapo_ae.harness.runspec import RunSpec
 from slapo_ae.harness.supervise import Interrupted, ignore_stop_signals, supervise
-from slapo_ae.harness.threads import cpu_rank_limit, thread_env
+from slapo_ae.harness.threads import cpu_rank_limit, proc_number, thread_env
 from slapo_ae.record import Record, RecordError, read_record, write_record
 
 LOG_TAIL_LINES = 20
@@ -111,13 +111,7 @@ def _exit_text(rc: int) -> str:
 def oom_kills() -> int | None:
     """How many processes the kernel's OOM killer has ended since boot (``oom_kill`` of
     ``/proc/vmstat``), None where the kernel does not say."""
-    try:
-        for line in Path("/proc/vmstat").read_text().splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return proc_number("/proc/vmstat", "oom_kill")
 
 
 def conclude(spec: RunSpec, rc: int | None, timed_out: bool, rundir: Path,

@@ -51,12 +51,12 @@ class RunSpec:
         import os
 
         from slapo_ae import gpus
-        from slapo_ae.record import collect_env, non_ok
+        from slapo_ae.record import collect_env, iso, non_ok
 
         device = gpus.describe(self.case.device, self.case.gpus,
                                os.environ.get("CUDA_VISIBLE_DEVICES"))
         return non_ok(self.case_dict(), status, reason, log_path=self.log,
-                      started_at=_iso(self.launch_time),
+                      started_at=iso(self.launch_time),
                       env={**collect_env(device), **self.thread_budget().as_env_record(),
                            "memory_per_rank": self.memory_per_rank},
                       extra={"run_id": self.run_id, "dtype": self.case.dtype,
@@ -75,11 +75,3 @@ class RunSpec:
     def from_json(cls, text: str) -> RunSpec:
         data = json.loads(text)
         return cls(**{**data, "case": Case(**data["case"])})
-
-
-def _iso(t: float | None) -> str | None:
-    import datetime as dt
-
-    if t is None:
-        return None
-    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="seconds")

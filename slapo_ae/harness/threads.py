@@ -46,15 +46,22 @@ RANKS_PER_CORE = 4  # CPU ranks beyond this many per core only time-share: refus
 RANK_MEMORY_BYTES = 2**30  # what one CPU rank needs at least (torch, a tiny model)
 
 
-def available_memory() -> int | None:
-    """Bytes of memory available for new processes (``MemAvailable``), None if unknown."""
+def proc_number(path: str, key: str) -> int | None:
+    """The number after ``key`` on its line of a Linux /proc table (``/proc/meminfo``,
+    ``/proc/vmstat``), None where the file or the line is missing."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        for line in Path(path).read_text().splitlines():
+            if line.split(maxsplit=1)[:1] == [key]:
+                return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new processes (``MemAvailable``), None if unknown."""
+    kib = proc_number("/proc/meminfo", "MemAvailable:")
+    return None if kib is None else kib * 1024
 
 
 def cpu_rank_limit() -> tuple[int, str]:

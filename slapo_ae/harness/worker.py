@@ -160,16 +160,10 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
     return losses, times, profiler.finish()
 
 
-def iso(t: float | None) -> str | None:
-    if t is None:
-        return None
-    return _dt.datetime.fromtimestamp(t, _dt.UTC).isoformat(timespec="seconds")
-
-
 def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list[dict]):
     """The ``ok`` record from the averaged losses and every rank's numbers."""
     from slapo_ae.harness import flops, metrics
-    from slapo_ae.record import Metrics, Record, collect_env, now
+    from slapo_ae.record import Metrics, Record, collect_env, iso, now
 
     step_times = [max(rank["step_times"][i] for rank in gathered) for i in range(spec.case.steps)]
     thr = metrics.throughput(step_times, spec.case.batch_size, spec.case.warmup)

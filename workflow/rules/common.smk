@@ -4,6 +4,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -33,9 +34,18 @@ except plan.PlanError as err:
 configfile: "configs/config.yaml"
 
 
+def validate_config():
+    """Snakemake's schema check, which also fills in the defaults; when it refuses, the first
+    refused key in one line rather than Snakemake's dump of the whole schema."""
+    try:
+        validate(config, schema="../schemas/config.schema.yaml", set_default=True)
+    except WorkflowError:
+        plan.check_config(config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml")
+        raise
+
+
 try:
-    plan.check_config(config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml")
-    validate(config, schema="../schemas/config.schema.yaml", set_default=True)  # the defaults
+    validate_config()
     PROFILE = plan.resolve(config)
     CASES = plan.load_cases(PROFILE)  # {experiment: {case_id: Case}}
 except plan.PlanError as err:
