@@ -30,7 +30,7 @@ from pathlib import Path
 
 from slapo_ae import gpus, paths
 from slapo_ae.harness.runspec import RunSpec
-from slapo_ae.harness.supervise import Interrupted, ignore_stop_signals, supervise
+from slapo_ae.harness.supervise import Interrupted, supervise
 from slapo_ae.harness.threads import cpu_rank_limit, proc_number, thread_env
 from slapo_ae.record import Record, RecordError, read_record, write_record
 
@@ -174,7 +174,6 @@ def launch(spec: RunSpec) -> Record:
             try:
                 outcome = supervise(cmd, timeout=spec.timeout, env=worker_env(spec), stdout=log)
             except Interrupted as err:  # the job was cancelled: the ranks are stopped
-                ignore_stop_signals()
                 raise SystemExit(128 + err.signum) from None
             rc, timed_out = outcome.returncode, outcome.timed_out
             log.write(f"# slapo-bench: torchrun {_exit_text(rc) if rc is not None else 'killed'}"

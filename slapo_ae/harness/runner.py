@@ -41,7 +41,7 @@ from slapo_ae import gpus, paths
 from slapo_ae.case import Case, CaseError
 from slapo_ae.harness.gpu_slots import GpuSlots
 from slapo_ae.harness.launch import OFFLINE_ENV as HARNESS_OFFLINE_ENV
-from slapo_ae.harness.supervise import Interrupted, die_with_parent, ignore_stop_signals, supervise
+from slapo_ae.harness.supervise import Interrupted, die_with_parent, supervise
 from slapo_ae.record import RecordError, collect_env, non_ok, now, read_record, write_record
 
 GRACE_S = 120  # the hard timeout is the case's timeout plus this
@@ -174,8 +174,7 @@ def _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores,
     try:
         outcome = supervise(cmd, timeout=timeout + grace, env=env, stdout=note.output,
                             pass_fds=tuple(alloc.fds) if alloc else ())
-    except Interrupted as err:
-        ignore_stop_signals()  # the harness is down; more Ctrl-C must not cut the notes short
+    except Interrupted as err:  # the harness is down; stop signals are ignored from now on
         note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
         return 128 + err.signum
     except OSError as err:  # the harness command itself cannot start

@@ -4,7 +4,8 @@
 :func:`supervise` runs a child in a session of its own that gets SIGTERM when its parent dies
 (Linux), waits for it up to a timeout, and stops it with everything below it
 (:func:`stop_tree`) when the timeout passes or when this process is told to stop (SIGTERM,
-SIGINT, SIGHUP: then :class:`Interrupted` is raised once the tree is down).
+SIGINT, SIGHUP: then :class:`Interrupted` is raised once the tree is down, and stop signals
+stay ignored, so that the caller's last notes are not cut short).
 """
 from __future__ import annotations
 
@@ -124,6 +125,7 @@ def supervise(cmd: list[str], *, timeout: float, env: dict | None = None, stdout
         raise Interrupted(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    interrupted = False
     start = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.STDOUT,
@@ -135,10 +137,14 @@ def supervise(cmd: list[str], *, timeout: float, env: dict | None = None, stdout
             stop_tree(proc)
             return Outcome(proc.returncode, True, time.monotonic() - start)
     except Interrupted:
-        ignore_stop_signals()  # a second Ctrl-C must not cut the clean-up short
+        # A second Ctrl-C must not cut the clean-up short, here or in the caller's notes
+        # after it: a process told to stop stays deaf to stop signals from now on.
+        interrupted = True
+        ignore_stop_signals()
         if proc is not None:
             stop_tree(proc)
         raise
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if not interrupted:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
