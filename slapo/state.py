@@ -34,6 +34,15 @@ POST_CHAIN = "_slapo_post_chain"  # functions applied, in order, to the module's
 # Written by hooks.defer_bias (shard of a row-parallel Linear/Conv); read by the same hook.
 DEFERRED_BIAS = "_slapo_deferred_bias"  # True: the hook adds ``bias`` after the chain
 
+# Written by sharding.overlap.defer_weight_grad (sync "bwd_post" with ``overlap``); read by
+# the same function, so that a linear listed twice is patched once.
+DEFERS_WEIGHT_GRAD = "_slapo_defers_weight_grad"  # True: the forward may defer its weight grad
+
+# --- marks of tensors ----------------------------------------------------------------------
+# Written by sharding.overlap.overlap_input on the module input it returns; read by the
+# forward of the linears it lists (defer_weight_grad).
+PENDING_WEIGHT_GRADS = "_slapo_pending_weight_grads"  # the call's PendingWeightGrads
+
 # --- marks of the root Schedule -----------------------------------------------------------
 # Written by cut_pipeline_stage (pipeline.record_cut); read by pipeline.split_stages.
 PIPELINE_CUTS = "_slapo_pipeline_cuts"  # the module paths a stage ends after, in cut order
@@ -97,6 +106,23 @@ def has_deferred_bias(mod: Any) -> bool:
 
 def mark_deferred_bias(mod: Any) -> None:
     mod.__dict__[DEFERRED_BIAS] = True
+
+
+def defers_weight_grad(mod: Any) -> bool:
+    return bool(mod.__dict__.get(DEFERS_WEIGHT_GRAD))
+
+
+def mark_defers_weight_grad(mod: Any) -> None:
+    mod.__dict__[DEFERS_WEIGHT_GRAD] = True
+
+
+# Tensor marks: a plain attribute of the tensor object (views and copies start without it).
+def pending_weight_grads(tensor: Any) -> Any:
+    return getattr(tensor, PENDING_WEIGHT_GRADS, None)
+
+
+def set_pending_weight_grads(tensor: Any, pending: Any) -> None:
+    setattr(tensor, PENDING_WEIGHT_GRADS, pending)
 
 
 # Root Schedule marks.

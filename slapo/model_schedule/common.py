@@ -38,6 +38,7 @@ from ..op import (
     vocab_parallel_cross_entropy,
 )
 from ..sharding import all_reduce_backward
+from ..sharding.overlap import supports_overlap
 
 
 def tensor_parallel(sch, opts) -> bool:
@@ -49,12 +50,27 @@ def shard_column_row(node, columns: list[str], row: str, input_sync: str = "") -
     """Megatron's pair: ``columns`` split by output features (their biases follow), ``row``
     split by input features, its partial sums all-reduced in the forward and its bias added
     once; the gradient of the input of ``node[input_sync]`` (the module whose input feeds the
-    column projections; ``""`` is ``node`` itself) all-reduced in the backward."""
+    column projections; ``""`` is ``node`` itself) all-reduced in the backward, overlapped with
+    the column linears' weight gradients (``sync``'s ``overlap``)."""
     for name in columns:
         node[name].shard("weight", axis=0)
-    node[input_sync].sync("bwd_post", "all_reduce")
+    node[input_sync].sync("bwd_post", "all_reduce", overlap=_below(node, input_sync, columns))
     node[row].shard("weight", axis=1)
     node[row].sync("fwd_post", "all_reduce")
+
+
+def _below(node, top: str, columns: list[str]) -> list[str]:
+    """The ``columns`` (paths relative to ``node``) that lie at or below ``node[top]``, as
+    paths relative to it, and that can overlap their weight gradient with the all-reduce of
+    ``node[top]``'s input gradient (linears; not convolutions)."""
+    found = []
+    for path in columns:
+        if top and path != top and not path.startswith(top + "."):
+            continue
+        rel = path[len(top):].lstrip(".") if top else path
+        if supports_overlap(node[path].mod):
+            found.append(rel)
+    return found
 
 
 def divide_heads(node, *attrs: str) -> None:

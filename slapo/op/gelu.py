@@ -142,7 +142,12 @@ class LinearGeLU(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bias_gelu(F.linear(x, self.weight), self.bias, self.approximate)
+        return self.epilogue(F.linear(x, self.weight))
+
+    def epilogue(self, y: torch.Tensor) -> torch.Tensor:
+        """What follows the matmul: the fused bias+GeLU (a column-parallel linear whose
+        weight gradient is overlapped keeps it, ``slapo.sharding.overlap``)."""
+        return bias_gelu(y, self.bias, self.approximate)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, gelu approximate={self.approximate!r}"

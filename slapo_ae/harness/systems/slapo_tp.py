@@ -41,6 +41,9 @@ def scheduled_model(spec, ctx, notes: list[str], trains_on=None, **options):
         device = (trains_on or ctx.device).type
         notes.append(f"Slapo kernels on {device}: " + "; ".join(
             f"{op}: {kernel}" for op, kernel in kernel_choices(device).items()))
+    if options.get("tensor_parallel") and sch.world_size > 1:
+        notes.append("Slapo TP: the input-gradient all-reduce of column-parallel linears runs "
+                     "beside their weight gradients (sync overlap=, slapo.sharding.overlap)")
     return slapo.build(sch)
 
 

@@ -1,0 +1,156 @@
+"""The input-gradient all-reduce of column-parallel linears, overlapped with their weight
+gradients (Megatron-LM's asynchronous all-reduce).
+
+Column-parallel projections (Q, K and V; the FFN's first linear) read the same replicated
+input, so the gradient of that input is the sum of their contributions, all-reduced over the
+tensor-parallel group. Plain autograd computes each linear's input and weight gradient
+together and only then the all-reduce, which every rank waits for. Here each linear's
+backward computes its input gradient only and leaves ``grad_output`` and its input with the
+module's *pending* weight gradients; once every contribution is summed, one node starts the
+all-reduce asynchronously, computes the pending weight gradients while it runs, waits, and
+hands the parameters their gradients through autograd (so accumulation and parameter hooks
+work as usual).
+
+The node sits on the module's first input (``sync("bwd_post", "all_reduce", overlap=...)``):
+its forward is the identity on the input and on the linears' parameters, and it marks the
+input tensor it returns; a listed linear called on a marked tensor uses the node's views of
+its parameters and defers its weight gradient; called on anything else (a tensor the module's
+forward made from the input, another input), it computes as usual. Either way the result is
+the plain module's, which the TP tests check against the unsharded model.
+
+A linear takes part if it is an ``nn.Linear`` or a subclass whose forward is
+``self.epilogue(F.linear(x, self.weight))`` and that says so with an ``epilogue`` method (the
+bias then stays with the epilogue, e.g. ``slapo.op.LinearGeLU``'s fused bias+GeLU).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from .. import state
+
+
+def supports_overlap(mod: nn.Module) -> bool:
+    """Whether ``mod`` can defer its weight gradient (see the module docstring)."""
+    return type(mod) is nn.Linear or (isinstance(mod, nn.Linear) and hasattr(mod, "epilogue"))
+
+
+class PendingWeightGrads:
+    """One forward call of the synchronised module: the linears' parameter views (by module)
+    and, filled in the backward, the (grad_output, input) pairs their weight gradients need."""
+
+    def __init__(self, linears: list[nn.Module]):
+        self.linears = linears
+        self.views: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.pairs: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (linear index, g, x)
+
+    def params(self) -> list[torch.Tensor]:
+        """The parameters the node passes through: each linear's weight, then its bias if
+        the deferred matmul adds it (plain ``nn.Linear`` with a bias)."""
+        out = []
+        for mod in self.linears:
+            out.append(mod.weight)
+            if _bias_is_deferred(mod):
+                out.append(mod.bias)
+        return out
+
+
+def _bias_is_deferred(mod: nn.Module) -> bool:
+    return type(mod) is nn.Linear and mod.bias is not None
+
+
+class _Overlap(torch.autograd.Function):
+    """Identity on ``x`` and on the parameters; the backward all-reduces the gradient of
+    ``x`` while computing the pending weight gradients."""
+
+    @staticmethod
+    def forward(ctx, x, pending: PendingWeightGrads, group, *params):
+        ctx.pending, ctx.group = pending, group
+        ctx.set_materialize_grads(False)
+        return (x.view_as(x), *(p.view_as(p) for p in params))
+
+    @staticmethod
+    def backward(ctx, grad_x, *grad_params):
+        pending = ctx.pending
+        work = None
+        if grad_x is not None and dist.is_initialized() and dist.get_world_size(ctx.group) > 1:
+            grad_x = grad_x.contiguous().clone()
+            work = dist.all_reduce(grad_x, group=ctx.group, async_op=True)
+        grads = _weight_grads(pending, list(grad_params))
+        if work is not None:
+            work.wait()
+        pending.pairs.clear()
+        return (grad_x, None, None, *grads)
+
+
+def _weight_grads(pending: PendingWeightGrads, grads: list) -> list:
+    """Add each pending (grad_output, input) pair's weight (and deferred bias) gradient to
+    ``grads``, laid out as :meth:`PendingWeightGrads.params`."""
+    slot, first = 0, []
+    for mod in pending.linears:
+        first.append(slot)
+        slot += 1 + _bias_is_deferred(mod)
+    for index, g, x in pending.pairs:
+        mod, at = pending.linears[index], first[index]
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        grads[at] = _add(grads[at], g2.t().mm(x2))
+        if _bias_is_deferred(mod):
+            grads[at + 1] = _add(grads[at + 1], g2.sum(0))
+    return grads
+
+
+def _add(total, part):
+    return part if total is None else total + part
+
+
+class _DeferredLinear(torch.autograd.Function):
+    """``x @ W^T (+ b)`` whose backward returns the input gradient only and leaves the weight
+    gradient pending (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, pending: PendingWeightGrads, index: int):
+        ctx.save_for_backward(x, weight)
+        ctx.pending, ctx.index = pending, index
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        ctx.pending.pairs.append((ctx.index, grad, x))
+        grad_x = grad.matmul(weight) if ctx.needs_input_grad[0] else None
+        return grad_x, None, None, None, None
+
+
+def overlap_input(x: torch.Tensor, linears: list[nn.Module], group) -> torch.Tensor:
+    """The module input ``x`` through the overlap node, marked for ``linears``."""
+    pending = PendingWeightGrads(linears)
+    out, *views = _Overlap.apply(x, pending, group, *pending.params())
+    it = iter(views)
+    for mod in linears:
+        weight = next(it)
+        pending.views[id(mod)] = (weight, next(it) if _bias_is_deferred(mod) else None)
+    state.set_pending_weight_grads(out, pending)
+    return out
+
+
+def defer_weight_grad(mod: nn.Module) -> None:
+    """Let ``mod`` (see :func:`supports_overlap`) defer its weight gradient when called on an
+    input marked by :func:`overlap_input` for it."""
+    if state.defers_weight_grad(mod):
+        return
+    plain = mod.forward
+
+    def forward(x, *args, **kwargs):
+        pending = state.pending_weight_grads(x)
+        views = pending.views.get(id(mod)) if pending is not None else None
+        if views is None or args or kwargs:
+            return plain(x, *args, **kwargs)
+        weight, bias = views
+        y = _DeferredLinear.apply(x, weight, bias, pending, pending.linears.index(mod))
+        return y if type(mod) is nn.Linear else mod.epilogue(y)
+
+    mod.forward = forward
+    state.mark_defers_weight_grad(mod)
