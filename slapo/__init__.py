@@ -9,13 +9,16 @@
 ``slapo.list_primitives()`` lists the primitives; ``help(sch.<primitive>)`` explains one.
 """
 
-from .build import build
+from .build import build, init_empty_weights
 from .primitives import get_primitive, list_primitives, register_primitive
 from .primitives._params import annotations as get_annotations
+from .primitives.checkpoint import checkpoint_call as checkpoint
 from .primitives.shard import ShardSpec, shard_spec
+from .random import get_cuda_rng_tracker, set_random_seed
 from .schedule import Schedule, create_schedule
 
 __version__ = "0.1.0"
 
-__all__ = ["Schedule", "ShardSpec", "build", "create_schedule", "get_annotations",
-           "get_primitive", "list_primitives", "register_primitive", "shard_spec"]
+__all__ = ["Schedule", "ShardSpec", "build", "checkpoint", "create_schedule", "get_annotations",
+           "get_cuda_rng_tracker", "get_primitive", "init_empty_weights", "list_primitives",
+           "register_primitive", "set_random_seed", "shard_spec"]

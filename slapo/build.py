@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -38,6 +39,45 @@ def build(sch, init_weights: Callable[[nn.Module], None] | None = None, target: 
                          if target != "module" else
                          f"unexpected options for target 'module': {', '.join(options)}")
     return _finish(sch.mod, init_weights, device)
+
+
+@contextlib.contextmanager
+def init_empty_weights(enable: bool = True, include_buffers: bool = False):
+    """Create models inside this block with their parameters on the meta device (shapes only,
+    no memory); with ``include_buffers``, their buffers too. Schedule the model as usual, then
+    ``build(sch, init_weights=fn)`` gives each rank's (sharded) parameters storage and
+    initialises them. ``enable=False`` makes the block a no-op (upstream Slapo's spelling)::
+
+        with slapo.init_empty_weights():
+            model = BertForMaskedLM(config)
+        sch = slapo.create_schedule(model)
+        ...                                    # shard: each rank keeps meta slices
+        model = slapo.build(sch, init_weights=model._init_weights)
+
+    Built on PyTorch's parameter (and buffer) registration hooks: only modules created inside
+    the block are affected, and tensors made outside modules are not.
+    """
+    if not enable:
+        yield
+        return
+
+    def to_meta(module, name, tensor):
+        if tensor is None or tensor.is_meta:
+            return None  # keep it as given
+        if isinstance(tensor, nn.Parameter):
+            meta = type(tensor)(tensor.to("meta"), requires_grad=tensor.requires_grad)
+            meta.__dict__.update(tensor.__dict__)
+            return meta
+        return tensor.to("meta")
+
+    hooks = [nn.modules.module.register_module_parameter_registration_hook(to_meta)]
+    if include_buffers:
+        hooks.append(nn.modules.module.register_module_buffer_registration_hook(to_meta))
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def materialize(model: nn.Module, device: str | torch.device | None = None) -> nn.Module:

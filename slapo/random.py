@@ -16,6 +16,14 @@ import torch
 # Offset added to the base seed for per-rank streams, so that they never coincide with the
 # default generator's stream.
 STREAM_SEED_OFFSET = 2718
+# The per-rank stream of tensor parallelism (fork_rng's default); upstream Slapo and
+# Megatron-LM call it "model-parallel-rng", a name that is accepted for it.
+TENSOR_PARALLEL = "tensor_parallel"
+_ALIASES = {"model-parallel-rng": TENSOR_PARALLEL}
+
+
+def _canonical(name: str) -> str:
+    return _ALIASES.get(name, name)
 
 
 class RNGStreams:
@@ -26,18 +34,27 @@ class RNGStreams:
         self._states: dict[str, dict[str, torch.Tensor]] = {}
 
     def has(self, name: str) -> bool:
-        return name in self._states
+        return _canonical(name) in self._states
+
+    def reset(self) -> None:
+        """Forget every stream."""
+        self._states = {}
 
     def add(self, name: str, seed: int) -> None:
         """Create (or reset) stream ``name`` from ``seed`` without touching the default state."""
+        name = _canonical(name)
         state = {"cpu": torch.Generator().manual_seed(seed).get_state()}
         if torch.cuda.is_available():
             state["cuda"] = torch.Generator(device="cuda").manual_seed(seed).get_state()
         self._states[name] = state
 
     @contextlib.contextmanager
-    def fork(self, name: str):
+    def fork(self, name: str = TENSOR_PARALLEL):
         """Run the block with stream ``name`` as the default generator, then put it back."""
+        name = _canonical(name)
+        if name not in self._states:
+            raise RuntimeError(f"no random stream {name!r}: create it with "
+                               "slapo.set_random_seed(seed, tp_rank=...) or add(name, seed)")
         outside = _capture()
         _restore(self._states[name])
         try:
@@ -90,7 +107,40 @@ def rng_streams() -> RNGStreams:
     return _STREAMS
 
 
-def manual_seed(seed: int, rank: int = 0, stream: str = "tensor_parallel") -> None:
+def get_cuda_rng_tracker() -> RNGStreams:
+    """The stream registry under upstream Slapo's (and Megatron-LM's) name: ``add(name,
+    seed)``, ``fork(name="tensor_parallel")``, ``get_states()``, ``set_states()``, ``reset()``.
+    Despite the name it is device-agnostic: each stream holds the CPU generator's state and,
+    where CUDA is in use, the current device's."""
+    return _STREAMS
+
+
+def set_random_seed(seed: int = 2013, dp_rank: int | None = None, pp_rank: int | None = None,
+                    tp_rank: int | None = None) -> int:
+    """Seed Python's, NumPy's and PyTorch's generators for this rank; returns the seed used.
+
+    Pipeline stages and data-parallel replicas draw differently (``seed + 100 * pp_rank +
+    10 * dp_rank``, upstream Slapo's rule); ranks of one tensor-parallel group share the
+    default generator, and with ``tp_rank`` each also gets its per-rank stream
+    (``seed + 2718 + tp_rank``) for dropout inside sharded regions (``fork_rng``).
+    """
+    import random
+
+    seed += 100 * (pp_rank or 0) + 10 * (dp_rank or 0)
+    random.seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # slapo itself does not need NumPy
+        np = None
+    if np is not None:
+        np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if tp_rank is not None:
+        _STREAMS.add(TENSOR_PARALLEL, seed + STREAM_SEED_OFFSET + tp_rank)
+    return seed
+
+
+def manual_seed(seed: int, rank: int = 0, stream: str = TENSOR_PARALLEL) -> None:
     """Seed the default generator with ``seed`` (identical on all ranks) and the per-rank stream
     with ``seed + STREAM_SEED_OFFSET + rank``."""
     torch.manual_seed(seed)

@@ -106,6 +106,11 @@ class Schedule:
             node = node.child[part]
         return node
 
+    def get_module(self, path: str) -> nn.Module:
+        """The module at ``path`` relative to this node: ``sch[path].mod`` (upstream
+        Slapo's spelling)."""
+        return self[path].mod
+
     def __contains__(self, path: str) -> bool:
         try:
             self[path]

@@ -44,18 +44,36 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
         return
     inner = mod.forward
 
-    def contexts():
-        forward_ctx, recompute_ctx = rng_streams().checkpoint_contexts()
-        return forward_ctx, _chain(recompute_ctx, _keep_running_stats(mod))
-
     @functools.wraps(inner)
     def forward(*args, **kwargs):
-        if not torch.is_grad_enabled():
-            return inner(*args, **kwargs)
-        return torch_checkpoint(inner, *args, use_reentrant=False, context_fn=contexts, **kwargs)
+        return _checkpointed(inner, mod, args, kwargs)
 
     mod.forward = forward
     state.mark_checkpointed(mod)
+
+
+def checkpoint_call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with its activations recomputed in the backward, as the
+    primitive does (exported as ``slapo.checkpoint``, upstream Slapo's function form): random
+    streams restored for the recomputation, a plain call without autograd, and, when ``fn``
+    is a module, its batch norms' running statistics updated by the forward only::
+
+        out = slapo.checkpoint(self.attention, hidden_states, attention_mask)
+    """
+    return _checkpointed(fn, fn if isinstance(fn, torch.nn.Module) else None, args, kwargs)
+
+
+def _checkpointed(fn, module: torch.nn.Module | None, args: tuple, kwargs: dict):
+    if not torch.is_grad_enabled():
+        return fn(*args, **kwargs)
+
+    def contexts():
+        forward_ctx, recompute_ctx = rng_streams().checkpoint_contexts()
+        if module is None:
+            return forward_ctx, recompute_ctx
+        return forward_ctx, _chain(recompute_ctx, _keep_running_stats(module))
+
+    return torch_checkpoint(fn, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
 
 @contextlib.contextmanager

@@ -6,12 +6,12 @@ import functools
 
 import torch
 
-from ..random import STREAM_SEED_OFFSET, rng_streams
+from ..random import STREAM_SEED_OFFSET, TENSOR_PARALLEL, rng_streams
 from . import register_primitive
 
 
 @register_primitive()
-def fork_rng(sch, stream: str = "tensor_parallel", seed: int | None = None) -> None:
+def fork_rng(sch, stream: str = TENSOR_PARALLEL, seed: int | None = None) -> None:
     """Draw random numbers in this module from a stream of its own on each rank.
 
     Inside tensor-parallel regions activations are sharded, so dropout must differ across

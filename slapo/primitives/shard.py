@@ -88,6 +88,7 @@ def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int) -> No
                        requires_grad=param.requires_grad)
     new.__dict__.update({k: v for k, v in param.__dict__.items() if k != "slapo_shard"})
     new.slapo_shard = ShardSpec(axis, world, tuple(param.shape))
+    new.orig_shape = param.shape  # the full shape, under upstream Slapo's name
     # Swap every reference to the old parameter, so that tied parameters stay tied.
     for holder, pname in sch._replace_param_everywhere(param, new):
         _adjust_module(holder, pname, axis, world, sch, where)

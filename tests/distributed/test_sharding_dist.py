@@ -66,6 +66,7 @@ def _run_all():
     sch["proj"].shard("weight", axis=1)
     errors["annotation"] = slapo.get_annotations(sch["proj"].mod.weight)
     errors["local_shape"] = tuple(sch["proj"].mod.weight.shape)
+    errors["orig_shape"] = tuple(sch["proj"].mod.weight.orig_shape)  # upstream's attribute
     try:
         sch["proj"].shard("weight", axis=0)
     except ValueError as err:
@@ -84,4 +85,5 @@ def test_forward_collectives_and_world_size_errors():
                                          "1 over 2 ranks: 5 is not divisible by 2")
         assert errors["annotation"] == {"tp": "row"}
         assert errors["local_shape"] == (8, 8)
+        assert errors["orig_shape"] == (8, 16)
         assert "already sharded along axis 1" in errors["reshard"]
