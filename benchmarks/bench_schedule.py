@@ -30,7 +30,7 @@ def main():
         start = time.perf_counter()
         sch = slapo.create_schedule(model)
         schedule_model(sch, tensor_parallel=True, kernel_opt=False)
-        model = slapo.build(sch)
+        model = slapo.build_module(sch)
         times.append(time.perf_counter() - start)
     if dist.get_rank() == 0:
         print(f"{args.model}: {num_parameters(model) / 1e6:.0f}M parameters per rank on "

@@ -80,7 +80,7 @@ def _row(family: str, size: str, steps: int, warmup: int, clock) -> dict:
         models["hf-sdpa"] = build_model(name, attn_implementation="sdpa", **overrides)
     sch = slapo.create_schedule(copy.deepcopy(plain))
     schedule_model(sch, tensor_parallel=False, shard_embedding=False, kernel_opt=True)
-    models["slapo"] = slapo.build(sch)
+    models["slapo"] = slapo.build_module(sch)
     optims = {key: torch.optim.SGD(m.parameters(), lr=1e-3) for key, m in models.items()}
     # Round robin: one step of each variant in turn, so that a busy machine slows all alike.
     times = {key: [] for key in models}

@@ -34,7 +34,7 @@ def mlp_demo(device):
     sch["0"].sync("bwd_post", "all_reduce")     # its input gradient is a partial sum
     sch["2"].shard("weight", axis=1)            # row parallel
     sch["2"].sync("fwd_post", "all_reduce")     # its output is a partial sum
-    model = slapo.build(sch)
+    model = slapo.build_module(sch)
     say(f"MLP on {sch.world_size} ranks: first weight {tuple(model[0].weight.shape)} per rank, "
         f"output {tuple(model(torch.randn(2, 64, device=device)).shape)}")
 
@@ -49,7 +49,7 @@ def bert_demo(device, name="bert-tiny", steps=3):
     plain = build_model(name, device=device, seed=0, **no_dropout(name))
     sch = slapo.create_schedule(copy.deepcopy(plain))
     schedule_model(sch, tensor_parallel=True, ckpt_ratio=0.5)
-    scheduled = slapo.build(sch)
+    scheduled = slapo.build_module(sch)
     batches = [synthetic_batch(name, batch_size=4, seq_len=64, device=device, seed=step)
                for step in range(steps)]
     reports = train_side_by_side(plain, scheduled, batches, loss_and_logits)

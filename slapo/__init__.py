@@ -4,12 +4,12 @@
     sch = slapo.create_schedule(model)            # a schedule tree mirroring the model
     sch["encoder.layer.0.attention.self.query"].shard("weight", axis=0)
     sch["encoder.layer.0.attention.self"].sync("bwd_post", "all_reduce")
-    model = slapo.build(sch)
+    model = slapo.build_module(sch)
 
 ``slapo.list_primitives()`` lists the primitives; ``help(sch.<primitive>)`` explains one.
 """
 
-from .build import build, init_empty_weights
+from .build import build, build_module, init_empty_weights
 from .primitives import get_primitive, list_primitives, register_primitive
 from .primitives._params import annotations as get_annotations
 from .primitives.checkpoint import checkpoint_call as checkpoint
@@ -19,6 +19,6 @@ from .schedule import Schedule, create_schedule
 
 __version__ = "0.1.0"
 
-__all__ = ["Schedule", "ShardSpec", "build", "checkpoint", "create_schedule", "get_annotations",
-           "get_cuda_rng_tracker", "get_primitive", "init_empty_weights", "list_primitives",
-           "register_primitive", "set_random_seed", "shard_spec"]
+__all__ = ["Schedule", "ShardSpec", "build", "build_module", "checkpoint", "create_schedule",
+           "get_annotations", "get_cuda_rng_tracker", "get_primitive", "init_empty_weights",
+           "list_primitives", "register_primitive", "set_random_seed", "shard_spec"]

@@ -3,42 +3,67 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
+import warnings
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from . import state
+from .primitives.shard import shard_spec
 
-def build(sch, init_weights: Callable[[nn.Module], None] | None = None, target: str = "module",
-          device: str | torch.device | None = None, **options):
-    """Return the scheduled model, ready for an optimizer.
+TARGETS = (None, "deepspeed", "pipeline")
 
-    Primitives take effect as they are applied, so ``build`` only finishes the model:
-    ``init_weights(module)``, when given, is called on every submodule (under ``no_grad``) to
-    initialise parameters after sharding. A model created on the meta device (shapes only,
-    then scheduled: each rank's shards are meta too) is first given storage on ``device``
-    (default: the current CUDA device if there is one, else the CPU) by :func:`materialize`,
-    which keeps every parameter object, so that shard specs, annotations and ties survive;
-    do not call ``to_empty`` yourself, which makes new parameters and loses them. Parameters
-    still on the meta device after ``init_weights`` are an error.
 
-    ``target="pipeline"`` (after ``trace`` and ``cut_pipeline_stage``) splits the traced model
-    into one stage per rank and returns a ``slapo.pipeline.PipelineBuild`` for
-    ``torch.distributed.pipelining``; ``options`` go to ``slapo.pipeline.build_pipeline``
-    (``n_microbatches``, ``loss_fn``, ``schedule="GPipe"``, ``group``, ``device``)::
+def build(sch, target: str | None = None, init_weights: bool | Callable = True,
+          device: str | torch.device | None = None, **kwargs) -> tuple:
+    """Finish the scheduled model for a runtime; returns ``(model, optimizer)`` (upstream
+    Slapo's contract).
 
-        pipe = slapo.build(sch, target="pipeline", n_microbatches=4, loss_fn=loss_fn)
+    ``target``:
+
+    - ``None``: ``(the scheduled nn.Module, None)``;
+    - ``"deepspeed"``: ``deepspeed.initialize`` on the scheduled model with ``config=`` (a
+      dict or a JSON path) and, optionally, ``optimizer=``: ``(engine, optimizer)``
+      (``slapo.engines``);
+    - ``"pipeline"`` (after ``trace`` and ``cut_pipeline_stage``): one stage per rank on
+      ``torch.distributed.pipelining``, ``(slapo.pipeline.PipelineBuild, None)``; ``kwargs`` go
+      to ``slapo.pipeline.build_pipeline`` (``n_microbatches``, ``loss_fn``,
+      ``schedule="GPipe"``, ``group``, ``device``).
+
+    ``init_weights`` (see :func:`initialize`): ``True`` (upstream's default) initialises every
+    parameter anew, ``False`` keeps the weights as they are, a function ``fn(module)`` (or
+    ``fn(module, path)``) initialises each module's own parameters. Either way a sharded
+    parameter is initialised at its full shape and sliced, so that sharded and unsharded
+    models start alike. A model created on the meta device (``slapo.init_empty_weights``)
+    first gets storage on ``device`` (default: the current CUDA device if there is one, else
+    the CPU); one left on the meta device (``init_weights=False``) is an error.
+
+    ``build_module(sch)`` is the short form for the module alone, keeping its weights.
     """
+    if target not in TARGETS:
+        raise ValueError(f"unknown build target {target!r}; expected one of {TARGETS}")
     if target == "pipeline":
         from .pipeline import build_pipeline
-        pipe = build_pipeline(sch, **options)
-        _finish(pipe.module, init_weights, device)
-        return pipe
-    if target != "module" or options:
-        raise ValueError(f"unknown build target {target!r} (expected 'module' or 'pipeline')"
-                         if target != "module" else
-                         f"unexpected options for target 'module': {', '.join(options)}")
-    return _finish(sch.mod, init_weights, device)
+        pipe = build_pipeline(sch, **kwargs)
+        _finish(pipe.module, init_weights, device, group=None, broadcast=False)  # own stage
+        return pipe, None
+    model = _finish(sch.mod, init_weights, device, group=sch.group, broadcast=True)
+    if target == "deepspeed":
+        from .engines import deepspeed_engine
+        return deepspeed_engine(model, **kwargs)
+    if kwargs:
+        raise ValueError(f"unexpected options for target None: {', '.join(kwargs)}")
+    return model, None
+
+
+def build_module(sch, init_weights: bool | Callable = False,
+                 device: str | torch.device | None = None) -> nn.Module:
+    """The scheduled ``nn.Module``, weights kept unless ``init_weights`` says otherwise
+    (as in :func:`build`, whose first result this is)."""
+    return build(sch, init_weights=init_weights, device=device)[0]
 
 
 @contextlib.contextmanager
@@ -52,7 +77,7 @@ def init_empty_weights(enable: bool = True, include_buffers: bool = False):
             model = BertForMaskedLM(config)
         sch = slapo.create_schedule(model)
         ...                                    # shard: each rank keeps meta slices
-        model = slapo.build(sch, init_weights=model._init_weights)
+        model = slapo.build_module(sch, init_weights=model._init_weights)
 
     Built on PyTorch's parameter (and buffer) registration hooks: only modules created inside
     the block are affected, and tensors made outside modules are not.
@@ -106,12 +131,96 @@ def materialize(model: nn.Module, device: str | torch.device | None = None) -> n
     return model
 
 
-def _finish(model: nn.Module, init_weights, device) -> nn.Module:
-    if init_weights is not None:
+def initialize(model: nn.Module, init_weights: bool | Callable = True, group=None,
+               broadcast: bool = True) -> None:
+    """Initialise every parameter of ``model`` in place, as the unsharded model would be.
+
+    Modules are visited in ``Module.apply`` order (children first, as transformers' own
+    initialisation does), each parameter once: a tied one by its first holder, while a later
+    holder initialises a scratch copy. While a module is initialised its parameters have their
+    full shape (a sharded one's ``ShardSpec.full_shape``); it is initialised by
+    ``init_weights(module)`` (or ``(module, path)``) or, for ``True``, by the model's
+    ``_init_weights(module)`` where it has one (transformers) and ``module.reset_parameters()``
+    otherwise; modules with neither keep zeros, with a warning. With ``broadcast``, the full
+    values are then broadcast from the first rank of ``group`` (when it has more than one), so
+    that every rank holds the same model; each rank keeps its slice. The parameter objects
+    stay the same, with their shard specs, annotations and ties.
+    """
+    if init_weights is True:
+        init = getattr(model, "_init_weights", None)
+        takes_path = False
+    else:
+        init = init_weights
+        takes_path = len(inspect.signature(init).parameters) >= 2
+    paths = {id(m): path for path, m in model.named_modules()}
+    spread = broadcast and dist.is_initialized() and dist.get_world_size(group) > 1
+    order, done, bare = [], set(), []
+    model.apply(order.append)
+    with torch.no_grad():
+        for module in order:
+            params = {name: p for name, p in module._parameters.items() if p is not None}
+            own = {name: p for name, p in params.items() if id(p) not in done}
+            if not own:
+                continue
+            done.update(id(p) for p in own.values())
+            # every parameter of the module is swapped for a full-size one while it is
+            # initialised: one initialised already (tied) must not be drawn again in place
+            full = {name: nn.Parameter(torch.zeros(_full_shape(p), dtype=p.dtype,
+                                                   device=p.device)) for name, p in params.items()}
+            with _holding(module, full):
+                if init is not None and takes_path:
+                    init(module, paths[id(module)])
+                elif init is not None:
+                    init(module)
+                elif hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+                else:
+                    bare.append(paths[id(module)] or type(module).__name__)
+            for name, param in own.items():
+                value = full[name].data
+                if spread:
+                    dist.broadcast(value, src=dist.get_global_rank(group, 0)
+                                   if group is not None else 0, group=group)
+                spec = shard_spec(param)
+                if spec is not None:
+                    rank = dist.get_rank(group) if dist.is_initialized() else 0
+                    value = value.chunk(spec.world_size, dim=spec.axis)[rank]
+                param.copy_(value)
+    if bare:
+        warnings.warn(f"no initialisation for the parameters of {', '.join(bare[:5])}: they are "
+                      "zeros (pass init_weights=fn)", stacklevel=3)
+
+
+def _full_shape(param: torch.Tensor) -> tuple[int, ...]:
+    spec = shard_spec(param)
+    return spec.full_shape if spec is not None else tuple(param.shape)
+
+
+@contextlib.contextmanager
+def _holding(module: nn.Module, params: dict[str, nn.Parameter]):
+    """``module`` with ``params`` in place of its own, as it was before sharding (a
+    vocabulary-parallel embedding also gets its full ``padding_idx`` back), then restored."""
+    saved = {name: module._parameters[name] for name in params}
+    full_padding = state.full_padding_idx(module)
+    local_padding = getattr(module, "padding_idx", None)
+    module._parameters.update(params)
+    if full_padding is not None:
+        module.padding_idx = full_padding
+    try:
+        yield
+    finally:
+        module._parameters.update(saved)
+        if full_padding is not None:
+            module.padding_idx = local_padding
+
+
+def _finish(model: nn.Module, init_weights, device, group, broadcast: bool) -> nn.Module:
+    if init_weights is None:
+        init_weights = False
+    if init_weights is not False:
         if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
             materialize(model, device)
-        with torch.no_grad():
-            model.apply(init_weights)
+        initialize(model, init_weights, group, broadcast)
     meta = [name for name, p in model.named_parameters() if p.is_meta]
     if meta:
         raise ValueError(f"parameters still on the meta device after build: {', '.join(meta[:5])}"

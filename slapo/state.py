@@ -25,6 +25,10 @@ LEAF = "_slapo_leaf"  # True: the tracer keeps the module as one call, never tra
 # Written by DecomposedLinear (decompose); read by the tracer (SlapoTracer._attr_alias).
 ATTR_ALIAS = "_slapo_attr_alias"  # {registered parameter name: attribute the graph reads}
 
+# Written by the class definition of slapo.op.LinearWithSyncFunc; read by shard, which then
+# keeps the class's own forward for a row-parallel shard (it reduces before its bias).
+ROW_PARALLEL_FORWARD = "_slapo_row_parallel_forward"  # True: the forward syncs, then adds bias
+
 # --- marks of module instances ------------------------------------------------------------
 # Written and read by checkpoint (applying it twice is a no-op).
 CHECKPOINTED = "_slapo_checkpointed"  # True: the forward is wrapped in torch checkpointing
@@ -37,6 +41,10 @@ DEFERRED_BIAS = "_slapo_deferred_bias"  # True: the hook adds ``bias`` after the
 # Written by sharding.overlap.defer_weight_grad (sync "bwd_post" with ``overlap``); read by
 # the same function, so that a linear listed twice is patched once.
 DEFERS_WEIGHT_GRAD = "_slapo_defers_weight_grad"  # True: the forward may defer its weight grad
+
+# Written by shard (vocabulary-parallel nn.Embedding); read by build.initialize, which gives
+# the module its full padding row back while it initialises the full-size weight.
+FULL_PADDING_IDX = "_slapo_full_padding_idx"  # the padding_idx before sharding
 
 # --- marks of tensors ----------------------------------------------------------------------
 # Written by sharding.overlap.overlap_input on the module input it returns; read by the
@@ -81,6 +89,17 @@ def attr_alias(mod: Any, name: str) -> str | None:
     return getattr(mod, ATTR_ALIAS, {}).get(name)
 
 
+def row_parallel_forward_class(cls: type) -> type:
+    """Class decorator: the forward of ``cls`` reduces its partial sums before it adds the
+    bias, so a row-parallel shard keeps it."""
+    setattr(cls, ROW_PARALLEL_FORWARD, True)
+    return cls
+
+
+def has_row_parallel_forward(mod: Any) -> bool:
+    return getattr(type(mod), ROW_PARALLEL_FORWARD, False)
+
+
 # Instance marks.
 def is_checkpointed(mod: Any) -> bool:
     return getattr(mod, CHECKPOINTED, False)
@@ -114,6 +133,14 @@ def defers_weight_grad(mod: Any) -> bool:
 
 def mark_defers_weight_grad(mod: Any) -> None:
     mod.__dict__[DEFERS_WEIGHT_GRAD] = True
+
+
+def full_padding_idx(mod: Any) -> int | None:
+    return mod.__dict__.get(FULL_PADDING_IDX)
+
+
+def set_full_padding_idx(mod: Any, padding_idx: int) -> None:
+    mod.__dict__[FULL_PADDING_IDX] = padding_idx
 
 
 # Tensor marks: a plain attribute of the tensor object (views and copies start without it).

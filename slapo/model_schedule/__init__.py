@@ -2,7 +2,7 @@
 
     sch = slapo.create_schedule(model)         # e.g. a transformers BertForMaskedLM
     schedule_model(sch, kernel_opt=True, ckpt_ratio=0.5)
-    model = slapo.build(sch)
+    model = slapo.build_module(sch)
 
 The schedule is chosen from the model itself: its config's ``model_type`` (``bert``,
 ``roberta``, ``gpt_neo``, ``opt``, ``t5``, ``llama``, ``wideresnet``) names the module of its

@@ -7,6 +7,8 @@ their own. Each op picks its kernel by the device its tensors are on (``kernel_c
 - ``bias_gelu`` / ``LinearGeLU``: ``gelu.py``
 - ``dropout`` / ``Dropout``: ``dropout.py``
 - ``vocab_parallel_cross_entropy``: ``cross_entropy.py``
+- upstream Slapo's names: ``FusedQKV``, ``FusedMLP``, ``LinearWithSeparateBias``,
+  ``LinearWithSyncFunc``, ``ParallelCrossEntropy``: ``upstream.py``
 """
 
 from .cross_entropy import vocab_parallel_cross_entropy
@@ -21,9 +23,17 @@ from .sdpa import (
     merge_masks,
     register_hf_attention,
 )
+from .upstream import (
+    FusedMLP,
+    FusedQKV,
+    LinearWithSeparateBias,
+    LinearWithSyncFunc,
+    ParallelCrossEntropy,
+)
 
-__all__ = ["SLAPO_ATTENTION", "CoreAttention", "Dropout", "LinearGeLU", "attention", "bias_gelu",
-           "bias_gelu_kernel", "compiled_kernel_state", "dropout", "dropout_kernel",
+__all__ = ["SLAPO_ATTENTION", "CoreAttention", "Dropout", "FusedMLP", "FusedQKV", "LinearGeLU",
+           "LinearWithSeparateBias", "LinearWithSyncFunc", "ParallelCrossEntropy", "attention",
+           "bias_gelu", "bias_gelu_kernel", "compiled_kernel_state", "dropout", "dropout_kernel",
            "gelu_approximation", "hf_attention_forward", "kernel_choices", "math_attention",
            "merge_masks", "register_hf_attention", "vocab_parallel_cross_entropy"]
 

@@ -15,7 +15,7 @@ def cut_pipeline_stage(sch) -> None:
     itself, trace the schedule root: with ``flatten=False`` cuts inside nested graphs are
     fine, the build inlines the graphs on the way). ``slapo.build(sch, target="pipeline",
     n_microbatches=..., loss_fn=...)`` then splits the traced root graph at the cuts, one
-    stage per rank, and returns a ``slapo.pipeline.PipelineBuild`` holding the
+    stage per rank, and returns ``(slapo.pipeline.PipelineBuild, None)``, the first holding the
     ``torch.distributed.pipelining`` ``PipelineStage`` and schedule (GPipe by default) that
     run it. Values crossing a cut must be tensors; a parameter must not be used on both sides.
 
@@ -24,7 +24,8 @@ def cut_pipeline_stage(sch) -> None:
         sch.trace(flatten=False, example_inputs={"input_ids": ids, "attention_mask": mask},
                   concrete_args={"use_cache": False})
         sch["bert.encoder.layer.11"].cut_pipeline_stage()      # two stages
-        pipe = slapo.build(sch, target="pipeline", n_microbatches=4, loss_fn=loss_fn)
+        pipe, _ = slapo.build(sch, target="pipeline", init_weights=False, n_microbatches=4,
+                              loss_fn=loss_fn)
         losses = pipe.step(ids, mask, target=labels)             # on every rank
     """
     where = sch.path or "<root>"

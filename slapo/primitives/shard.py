@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import state
 from ..hooks import defer_bias
 from . import register_primitive
 from ._params import get_param
@@ -104,7 +105,8 @@ def _adjust_module(module: nn.Module, pname: str, axis: int, world: int, sch, wh
             _shard_bias(module, sch, where)
         else:
             module.in_features //= world
-            _use_deferred_bias(module)
+            if not state.has_row_parallel_forward(module):
+                _use_deferred_bias(module)
     elif isinstance(module, nn.modules.conv._ConvNd):
         if axis == 0:
             module.out_channels //= world
@@ -131,6 +133,8 @@ def _check_row_parallel(module: nn.Module, name: str, axis: int, where: str) -> 
     parameter changes."""
     if name != "weight" or axis != 1 or getattr(module, "bias", None) is None:
         return
+    if state.has_row_parallel_forward(module):
+        return  # it reduces before its bias itself (slapo.op.LinearWithSyncFunc)
     if not isinstance(module, (nn.Linear, nn.modules.conv._ConvNd)):
         return
     base = _torch_base(module)
@@ -167,6 +171,8 @@ def _make_vocab_parallel(emb: nn.Embedding, world: int, rank: int) -> None:
         start <= padding_idx < start + part else None
     emb.num_embeddings = part
     emb.padding_idx = local_padding
+    if padding_idx is not None:
+        state.set_full_padding_idx(emb, padding_idx)
 
     def forward(ids: torch.Tensor) -> torch.Tensor:
         outside = (ids < start) | (ids >= start + part)

@@ -57,7 +57,7 @@ def side_by_side(name: str, steps: int = STEPS, dropout_off: bool = True, **opti
     plain = build_model(name, **overrides, **(WIDERESNET["overrides"] if wrn else {}))
     sch = slapo.create_schedule(copy.deepcopy(plain))
     schedule_model(sch, **options)
-    scheduled = slapo.build(sch)
+    scheduled = slapo.build_module(sch)
     batches = padded_batches(plain.config, steps, WIDERESNET["batch_size"] if wrn else 2)
     reports = train_side_by_side(plain, scheduled, batches, loss_and_logits,
                                  lr=WIDERESNET["lr"] if wrn else LR)

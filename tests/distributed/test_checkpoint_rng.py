@@ -31,7 +31,7 @@ def test_checkpoint_keeps_loss_and_gradients_with_dropout():
     sch = slapo.create_schedule(copy.deepcopy(plain))
     for i in range(config.num_hidden_layers):
         sch[f"bert.encoder.layer.{i}"].checkpoint()  # called with keyword arguments by HF
-    checkpointed = slapo.build(sch)
+    checkpointed = slapo.build_module(sch)
     ids = torch.randint(0, config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
     loss_plain, grads_plain = _step(plain, batch, seed=7)
@@ -63,7 +63,7 @@ def _peak_tensor_bytes(checkpointed: bool) -> int:
         sch = slapo.create_schedule(model)
         for i in range(layers):
             sch[f"encoder.layer.{i}"].checkpoint()
-        model = slapo.build(sch)
+        model = slapo.build_module(sch)
     ids = torch.randint(0, config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(0))
     tracker = MemTracker()
     tracker.track_external(model)

@@ -110,6 +110,6 @@ def test_kernel_schedules_replace_every_dropout_and_keep_its_rate(family):
     rates = sorted(m.p for m in model.modules() if type(m) is nn.Dropout)
     sch = slapo.create_schedule(model)
     schedule_model(sch, tensor_parallel=False, kernel_opt=True)
-    built = slapo.build(sch)
+    built = slapo.build_module(sch)
     assert not [m for m in built.modules() if type(m) is nn.Dropout]
     assert sorted(m.p for m in built.modules() if isinstance(m, Dropout)) == rates

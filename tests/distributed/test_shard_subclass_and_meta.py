@@ -52,7 +52,7 @@ def _megatron_pair(model):
     sch["0"].sync("bwd_post", "all_reduce")
     sch["1"].shard("weight", axis=1)
     sch["1"].sync("fwd_post", "all_reduce")
-    return slapo.build(sch)
+    return slapo.build_module(sch)
 
 
 def _run_subclasses():
@@ -113,7 +113,7 @@ def _schedule(model):
     sch["proj"].annotate("weight", "tp", "column")
     sch["proj"].shard("weight", axis=0)
     sch["proj"].sync("fwd_post", "all_gather", axis=-1)
-    return slapo.build(sch, init_weights=_init, device="cpu")
+    return slapo.build_module(sch, init_weights=_init, device="cpu")
 
 
 def _run_meta():
@@ -149,4 +149,4 @@ def test_meta_parameters_without_init_weights_are_an_error():
     with torch.device("meta"):
         model = nn.Linear(4, 4)
     with pytest.raises(ValueError, match="still on the meta device"):
-        slapo.build(slapo.create_schedule(model))
+        slapo.build_module(slapo.create_schedule(model))

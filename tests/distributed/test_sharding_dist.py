@@ -53,7 +53,7 @@ def _run_all():
         plain = EmbedProject()
         sch = slapo.create_schedule(copy.deepcopy(plain))
         schedule(sch)
-        results[name] = train_side_by_side(plain, slapo.build(sch), _batches(), _loss)
+        results[name] = train_side_by_side(plain, slapo.build_module(sch), _batches(), _loss)
 
     errors = {}
     sch = slapo.create_schedule(nn.Linear(5, 4))

@@ -80,7 +80,7 @@ def _run(checkpoint: bool):
     plain = Net()
     sch = slapo.create_schedule(copy.deepcopy(plain))
     _schedule(sch, checkpoint)
-    scheduled = slapo.build(sch)
+    scheduled = slapo.build_module(sch)
     batches = [{"x": torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(s))}
                for s in range(3)]
     reports = train_side_by_side(plain, scheduled, batches, _loss)

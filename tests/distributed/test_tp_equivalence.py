@@ -47,7 +47,7 @@ def _side_by_side(make_model, schedule, batches, forward):
     plain = make_model()
     sch = slapo.create_schedule(copy.deepcopy(plain))
     schedule(sch)
-    scheduled = slapo.build(sch)
+    scheduled = slapo.build_module(sch)
     return train_side_by_side(plain, scheduled, batches, forward)
 
 
@@ -71,7 +71,7 @@ def _bert():
     plain = BertForMaskedLM(config)
     sch = slapo.create_schedule(copy.deepcopy(plain))
     shard_bert(sch)
-    scheduled = slapo.build(sch)
+    scheduled = slapo.build_module(sch)
     emb = scheduled.bert.embeddings.word_embeddings.weight
     facts = {
         "tied": scheduled.cls.predictions.decoder.weight is emb,

@@ -40,7 +40,8 @@ from slapo.verify import relative_error, train_side_by_side
 
 def _pipeline():
     sch = pipeline_schedule(pipeline_model())
-    pipe = slapo.build(sch, target="pipeline", n_microbatches=2, loss_fn=pipeline_loss)
+    pipe, _ = slapo.build(sch, target="pipeline", init_weights=False, n_microbatches=2,
+                          loss_fn=pipeline_loss)
     opt = torch.optim.SGD(pipe.module.parameters(), lr=0.1)
     steps = []
     for step in range(STEPS):
@@ -78,7 +79,7 @@ def _tensor_parallel_ffn():
     ffn["dense"].sync("bwd_post", "all_reduce")
     sch["output.dense"].shard("weight", axis=1)   # row parallel: the graph adds the bias
     sch["output.dense"].sync("fwd_post", "all_reduce")
-    model = slapo.build(sch)
+    model = slapo.build_module(sch)
     facts = {"local_bias": tuple(model.intermediate.dense.decomposed_bias.shape),
              "local_in": model.output.dense.in_features}
     batches = [{"x": hidden(*RUN, s)} for s in range(STEPS)]
@@ -106,7 +107,7 @@ def _sharded_then_traced_layer():
                               "attention_mask": additive_mask(*EXAMPLE, 0)})
     batches = [{"hidden_states": hidden(*RUN, s), "attention_mask": additive_mask(*RUN, s)}
                for s in range(STEPS)]
-    return train_side_by_side(plain, slapo.build(sch), batches, square_loss)
+    return train_side_by_side(plain, slapo.build_module(sch), batches, square_loss)
 
 
 def _both():

@@ -87,4 +87,6 @@ def test_pipeline_build_needs_distributed():
         slapo.build(sch, target="pipeline", n_microbatches=2)
     with pytest.raises(ValueError, match="unknown build target"):
         slapo.build(sch, target="graph")
-    assert isinstance(slapo.build(sch), fx.GraphModule)
+    assert isinstance(slapo.build_module(sch), fx.GraphModule)
+    model, optimizer = slapo.build(sch, init_weights=False)  # upstream Slapo's contract
+    assert isinstance(model, fx.GraphModule) and optimizer is None

@@ -75,7 +75,7 @@ def test_world_size_one_schedule_is_identity():
     plain = MLPBlock()
     sch = slapo.create_schedule(copy.deepcopy(plain))
     schedule_mlp(sch)
-    model = slapo.build(sch)
+    model = slapo.build_module(sch)
     x = torch.randn(2, 3, 32)
     torch.testing.assert_close(model(x), plain(x), rtol=0, atol=0)
     assert slapo.shard_spec(model.fc1.weight) == slapo.ShardSpec(0, 1, (128, 32))
@@ -136,7 +136,7 @@ def test_build_runs_init_weights_and_refuses_meta_parameters():
         model = MLPBlock()
     sch = slapo.create_schedule(model)
     with pytest.raises(ValueError, match="meta device after build: norm.weight"):
-        slapo.build(sch)
+        slapo.build_module(sch)
     model.to_empty(device="cpu")
 
     def init(module):
@@ -144,6 +144,6 @@ def test_build_runs_init_weights_and_refuses_meta_parameters():
             nn.init.constant_(module.weight, 0.5)
             nn.init.zeros_(module.bias)
 
-    built = slapo.build(sch, init_weights=init)
+    built = slapo.build_module(sch, init_weights=init)
     assert built is model and torch.all(model.fc1.weight == 0.5)
     assert torch.all(model.fc2.bias == 0)

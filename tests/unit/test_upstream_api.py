@@ -42,7 +42,7 @@ def test_init_empty_weights_puts_parameters_on_meta_and_build_gives_them_storage
         elif isinstance(mod, nn.BatchNorm1d):
             mod.reset_parameters()
 
-    built = slapo.build(sch, init_weights=init)
+    built = slapo.build_module(sch, init_weights=init)
     assert not any(p.is_meta for p in built.parameters())
     assert built.head.weight is built.embed.weight
     assert torch.all(built.embed.weight == 0.5)

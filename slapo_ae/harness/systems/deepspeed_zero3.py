@@ -68,17 +68,21 @@ class DeepSpeedZero3System(System):
         return model
 
     def setup(self) -> None:
-        import deepspeed
-
         quiet_deepspeed(self.ctx.device.type)
-        model = self.build()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.spec.case.lr)
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=ds_config(self.spec, self.micro_batch()))
-        self.model = model
+        self.model = self.build()
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.spec.case.lr)
+        self.engine = self.initialize(optimizer, ds_config(self.spec, self.micro_batch()))
         floating = {"fp16": torch.float16, "bf16": torch.bfloat16}
         self.input_dtype = (floating.get(self.spec.case.dtype) if self.spec.case.device == "cuda"
                             else None)
+
+    def initialize(self, optimizer, config: dict):
+        """The DeepSpeed engine of ``self.model``."""
+        import deepspeed
+
+        engine, _, _, _ = deepspeed.initialize(model=self.model, optimizer=optimizer,
+                                               config=config)
+        return engine
 
     def train_step(self, batch: dict) -> torch.Tensor:
         if self.input_dtype is not None:  # DeepSpeed runs the module itself in 16 bit

@@ -21,9 +21,16 @@ from .eager import wrap_data_parallel
 
 
 def scheduled_model(spec, ctx, notes: list[str], trains_on=None, **options):
-    """Build the zoo model on this rank's device and apply its Slapo schedule; ``notes`` gets
-    the kernels the schedule's ops pick on the device it trains on (``trains_on``, default
-    ``ctx.device``; see ``slapo.op.kernel_choices``)."""
+    """The zoo model with its Slapo schedule applied (:func:`schedule`), built as a module."""
+    import slapo
+
+    return slapo.build_module(schedule(spec, ctx, notes, trains_on, **options))
+
+
+def schedule(spec, ctx, notes: list[str], trains_on=None, **options):
+    """Build the zoo model on this rank's device and apply its Slapo schedule; returns the
+    schedule. ``notes`` gets the kernels the schedule's ops pick on the device it trains on
+    (``trains_on``, default ``ctx.device``; see ``slapo.op.kernel_choices``)."""
     import slapo
     from slapo.model_schedule import schedule_model
     from slapo.op import kernel_choices
@@ -44,7 +51,7 @@ def scheduled_model(spec, ctx, notes: list[str], trains_on=None, **options):
     if options.get("tensor_parallel") and sch.world_size > 1:
         notes.append("Slapo TP: the input-gradient all-reduce of column-parallel linears runs "
                      "beside their weight gradients (sync overlap=, slapo.sharding.overlap)")
-    return slapo.build(sch)
+    return sch
 
 
 class SlapoTPSystem(TensorParallelTrainer):

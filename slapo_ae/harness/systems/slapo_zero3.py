@@ -1,5 +1,6 @@
 """``slapo-deepspeed`` (Slapo-ZeRO3): the HF model with its Slapo schedule (kernels and the
-case's checkpoint ratio, no tensor parallelism), then DeepSpeed ZeRO-3 as in ``deepspeed``."""
+case's checkpoint ratio, no tensor parallelism), handed to DeepSpeed ZeRO-3 by
+``slapo.build(sch, target="deepspeed")`` with the configuration of ``deepspeed``."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +8,7 @@ import dataclasses
 import torch
 
 from .deepspeed_zero3 import DeepSpeedZero3System
-from .slapo_tp import scheduled_model
+from .slapo_tp import schedule
 
 
 class SlapoZero3System(DeepSpeedZero3System):
@@ -16,5 +17,14 @@ class SlapoZero3System(DeepSpeedZero3System):
 
     def build(self):
         on_cpu = dataclasses.replace(self.ctx, device=torch.device("cpu"))  # DeepSpeed moves it
-        return scheduled_model(self.spec, on_cpu, self.notes, trains_on=self.ctx.device,
-                               tensor_parallel=False, shard_embedding=False, kernel_opt=True)
+        self.schedule = schedule(self.spec, on_cpu, self.notes, trains_on=self.ctx.device,
+                                 tensor_parallel=False, shard_embedding=False, kernel_opt=True)
+        return self.schedule.mod
+
+    def initialize(self, optimizer, config: dict):
+        """DeepSpeed's engine through Slapo's own build (the weights are the zoo model's)."""
+        import slapo
+
+        engine, _ = slapo.build(self.schedule, target="deepspeed", init_weights=False,
+                                config=config, optimizer=optimizer)
+        return engine
