@@ -3,19 +3,23 @@
 Both models train side by side on the same batches with SGD; after every step the losses,
 the outputs and the gradient of every parameter (sharded ones gathered back to full shape)
 are compared by relative error ``||a - b|| / max(||b||, 1e-3)``. Every rank computes the same
-report.
+report. ``Verify`` is the same check, forward and backward, around a block of primitives.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .primitives.shard import shard_spec
-from .sharding import gather_sharded
+from .sharding import all_gather_forward, gather_sharded
+from .tracing import has_foreign_hooks
 
 # Floor of the denominator: a gradient that is mathematically zero (a key bias under softmax)
 # is numerical noise of ~1e-8, so it is compared absolutely rather than relatively.
@@ -88,3 +92,124 @@ def train_side_by_side(plain: nn.Module, scheduled: nn.Module, batches: Iterable
         opt_plain.zero_grad()
         opt_sched.zero_grad()
     return reports
+
+
+class Verify(contextlib.ContextDecorator):
+    """Check that the primitives applied inside the block keep the model's results: upstream
+    Slapo's ``slapo.Verify``, checking the backward as well as the forward.
+
+    ::
+
+        with slapo.Verify(sch, example_inputs=[ids]):
+            sch["encoder.layer.0.attention.self.query"].shard("weight", axis=0)
+            ...
+
+    On entry the model is copied; on leaving the block (without an exception) the copy and the
+    scheduled model run on ``example_inputs`` (positional, or a dict of keyword arguments),
+    broadcast from the first rank of the schedule's group, with the same seed and, by default,
+    in eval mode. The outputs (``logits`` of a transformers output; a vocabulary-sharded
+    output is gathered) must agree, and so must the gradient of every parameter, sharded ones
+    gathered, of ``loss_fn(output, example_outputs)`` or, without ``loss_fn``, of a fixed
+    random projection of the output. A disagreement raises ``AssertionError`` naming the
+    output or the parameter and the relative error (against ``tol``). The scheduled model is
+    left as it was: gradients, train/eval mode and the random state are restored.
+    ``enable=False`` skips the check. Every rank of the group must enter the block, before any
+    primitive has touched the model (the copy must be the plain model).
+    """
+
+    def __init__(self, sch, example_inputs, example_outputs=None, loss_fn: Callable | None = None,
+                 eval_mode: bool = True, enable: bool = True, tol: float = 1e-5, seed: int = 2023):
+        self.sch, self.inputs, self.targets = sch, example_inputs, example_outputs
+        self.loss_fn, self.eval_mode, self.enable = loss_fn, eval_mode, enable
+        self.tol, self.seed = tol, seed
+        self.original = None
+
+    def __enter__(self):
+        if self.enable:
+            changed = [path or "<root>" for path, m in self.sch.mod.named_modules()
+                       if has_foreign_hooks(m)]
+            if changed:  # a copy would still call the originals through their hooks
+                raise ValueError(f"slapo.Verify: {', '.join(changed[:3])} already carry "
+                                 "primitives (hooks or a replaced forward); apply the "
+                                 "primitives inside the block, on the model as it was made")
+            self.original = copy.deepcopy(self.sch.mod)
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None or not self.enable:
+            return False
+        group = self.sch.group
+        inputs = _broadcast(self.inputs, group)
+        scheduled = self.sch.mod
+        saved_grads = {name: p.grad for name, p in scheduled.named_parameters()}
+        modes = {m: m.training for m in scheduled.modules()}
+        rng = torch.get_rng_state()
+        try:
+            out_plain, loss_plain = self._run(self.original, inputs, None, group)
+            out_sched, loss_sched = self._run(scheduled, inputs, out_plain, group)
+            _check("the output", relative_error(out_sched, out_plain), self.tol)
+            _check("the loss", relative_error(loss_sched, loss_plain), self.tol)
+            plain_params = dict(self.original.named_parameters())
+            for name, param in scheduled.named_parameters():
+                expected = plain_params[name].grad
+                if param.grad is None or expected is None:
+                    if (param.grad is None) != (expected is None):
+                        raise AssertionError(f"slapo.Verify: the gradient of '{name}' exists in "
+                                             "only one of the plain and scheduled models")
+                    continue
+                error = relative_error(full_tensor(param, param.grad, group), expected)
+                _check(f"the gradient of '{name}'", error, self.tol)
+        finally:
+            for name, param in scheduled.named_parameters():
+                param.grad = saved_grads[name]
+            for module, training in modes.items():
+                module.train(training)
+            torch.set_rng_state(rng)
+            self.original = None
+        return False
+
+    def _run(self, model: nn.Module, inputs, reference, group):
+        """Forward and backward; the output at full shape and the loss."""
+        if self.eval_mode:
+            model.eval()
+        torch.manual_seed(self.seed)
+        out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+        logits = _main_output(out)
+        if reference is not None and logits.shape != reference.shape:
+            logits = all_gather_forward(logits, -1, group)  # vocabulary-sharded output
+        if self.loss_fn is not None:
+            loss = self.loss_fn(logits, self.targets)
+        else:
+            probe = torch.randn(logits.shape, generator=torch.Generator().manual_seed(self.seed),
+                                dtype=logits.dtype).to(logits.device)
+            loss = (logits * probe).mean()  # scaled like a mean loss
+        loss.backward()
+        return logits.detach(), loss.detach()
+
+
+def _main_output(out) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict) and "logits" in out:  # transformers' ModelOutput
+        return out["logits"]
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"slapo.Verify: cannot find the output tensor in a {type(out).__name__}")
+
+
+def _broadcast(inputs, group):
+    """``inputs`` as the first rank of ``group`` has them (tensors broadcast in place)."""
+    inputs = dict(inputs) if isinstance(inputs, dict) else list(
+        inputs if isinstance(inputs, (list, tuple)) else [inputs])
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        for value in (inputs.values() if isinstance(inputs, dict) else inputs):
+            if isinstance(value, torch.Tensor):
+                dist.broadcast(value, src=src, group=group)
+    return inputs
+
+
+def _check(what: str, error: float, tol: float) -> None:
+    if error > tol:
+        raise AssertionError(f"slapo.Verify: {what} differs from the plain model's "
+                             f"(relative error {error:.3g} > {tol:g})")
