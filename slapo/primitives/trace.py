@@ -59,3 +59,31 @@ def trace(sch, leaves: Iterable = (), flatten: bool = False, concrete_args: dict
         setattr(sch.parent.mod, sch.name, gm)
     sch.mod = gm
     sch._rebuild_children()
+
+
+@register_primitive()
+def trace_until(sch, paths: str | list[str], **kwargs) -> None:
+    """Trace the model from the root down to the modules at ``paths``, whose children stay
+    untraced calls (upstream Slapo's ``trace_until``): enough graph to cut pipeline stages
+    between those children, the rest of each child left as it is for other primitives.
+
+    ``paths`` are relative to the root, e.g. ``"bert.encoder.layer"`` (the ModuleList whose
+    layers become the leaves). ``kwargs`` go to ``trace`` (``example_inputs``,
+    ``concrete_args``, ``flatten``, further ``leaves``)::
+
+        sch.trace_until("bert.encoder.layer", example_inputs={"input_ids": ids},
+                        concrete_args={"use_cache": False})
+        sch["bert.encoder.layer.5"].cut_pipeline_stage()
+    """
+    if sch.parent is not None:
+        raise ValueError(f"trace_until traces from the root; '{sch.path}' is not the root")
+    if is_traced(sch.mod):
+        raise ValueError("trace_until: the root is traced already")
+    leaves = list(kwargs.pop("leaves", ()))
+    for path in [paths] if isinstance(paths, str) else list(paths):
+        node = sch[path]
+        if not node.child:
+            raise ValueError(f"trace_until: '{path}' ({type(node.mod).__name__}) has no "
+                             "submodules to stop at")
+        leaves += [f"{path}.{name}" for name in node.child]
+    trace(sch, leaves=leaves, **kwargs)

@@ -90,3 +90,26 @@ def test_pipeline_build_needs_distributed():
     assert isinstance(slapo.build_module(sch), fx.GraphModule)
     model, optimizer = slapo.build(sch, init_weights=False)  # upstream Slapo's contract
     assert isinstance(model, fx.GraphModule) and optimizer is None
+
+
+def test_trace_until_stops_at_the_children_of_a_path():
+    model = pipeline_model()
+    ids, mask, _ = pipeline_batch(3, batch=2, seq=6)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, return_dict=False)[0]
+    sch = slapo.create_schedule(model)
+    sch.trace_until("bert.encoder.layer",
+                    example_inputs={"input_ids": ids, "attention_mask": mask},
+                    concrete_args={"use_cache": False, "return_dict": False})
+    assert isinstance(sch.mod, fx.GraphModule)
+    assert isinstance(sch["bert.encoder"].mod, fx.GraphModule)
+    layer = sch["bert.encoder.layer.0"].mod
+    assert not isinstance(layer, fx.GraphModule)  # a leaf, as it was
+    sch["bert.encoder.layer.1"].cut_pipeline_stage()  # the cut needs the graph above it
+    with torch.no_grad():
+        out = sch.mod(input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(out[0] if isinstance(out, tuple) else out, expected)
+    with pytest.raises(ValueError, match="traced already"):
+        sch.trace_until("bert.encoder.layer")
+    with pytest.raises(ValueError, match="is not the root"):
+        sch["bert"].trace_until("encoder.layer")
