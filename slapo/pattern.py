@@ -144,15 +144,18 @@ def no_match_message(gm: fx.GraphModule, pattern, where: str) -> str:
 # --- subgraphs -----------------------------------------------------------------------
 def as_subgraph(gm: fx.GraphModule, subgraph, where: str) -> Subgraph:
     """Check that ``subgraph`` is one connected, convex set of nodes of ``gm``'s graph and
-    return it as a ``Subgraph`` with inputs and outputs."""
+    return it as a ``Subgraph`` with inputs and outputs; or, given a list of such subgraphs
+    (several matches of ``find``), their union as one (:func:`horizontal`)."""
     if isinstance(subgraph, fx.Node):
         subgraph = [subgraph]
     if not isinstance(subgraph, (list, tuple)) or not subgraph:
         raise ValueError(f"expected a subgraph (a non-empty list of nodes, e.g. one result of "
                          f"find) in '{where}', got {subgraph!r}")
+    if all(isinstance(x, (list, tuple)) for x in subgraph):
+        return horizontal(gm, subgraph, where)
     if any(isinstance(x, (list, tuple)) for x in subgraph):
-        raise ValueError(f"expected one subgraph in '{where}', got a list of {len(subgraph)} "
-                         "subgraphs; pass one of them, e.g. matches[0]")
+        raise ValueError(f"expected a subgraph or a list of subgraphs in '{where}', got a mix "
+                         "of nodes and lists of nodes")
     live = set(gm.graph.nodes)
     for n in subgraph:
         if not isinstance(n, fx.Node):
@@ -196,6 +199,27 @@ def as_subgraph(gm: fx.GraphModule, subgraph, where: str) -> Subgraph:
     return Subgraph(nodes, list(inputs), outputs)
 
 
+def horizontal(gm: fx.GraphModule, parts, where: str) -> Subgraph:
+    """Several disjoint subgraphs as one (horizontal fusion: e.g. the Q, K and V projections
+    of one input become one call). Its inputs are each part's inputs in turn, each node once;
+    its outputs each part's outputs in turn. The union must still be convex: no value flows
+    from one part to another through nodes outside them."""
+    subs = [as_subgraph(gm, part, where) for part in parts]
+    seen: set[fx.Node] = set()
+    for sub in subs:
+        if seen & set(sub):
+            raise ValueError(f"the subgraphs given together in '{where}' overlap")
+        seen |= set(sub)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    nodes = sorted(seen, key=order.__getitem__)
+    _check_convex(nodes, seen, order, where)
+    inputs: list = []
+    for sub in subs:
+        inputs += [a for a in sub.inputs if not (isinstance(a, fx.Node) and a in inputs)]
+    outputs = [o for sub in subs for o in sub.outputs if any(u not in seen for u in o.users)]
+    return Subgraph(nodes, inputs, outputs)
+
+
 def _check_connected(nodes, members, where) -> None:
     seen = {nodes[0]}
     todo = [nodes[0]]
@@ -209,7 +233,8 @@ def _check_connected(nodes, members, where) -> None:
         rest = [n.name for n in nodes if n not in seen]
         raise ValueError(f"the subgraph in '{where}' is not connected: "
                          f"{[n.name for n in nodes if n in seen]} and {rest} share no edge; "
-                         "fuse or replace them separately")
+                         "fuse or replace them separately, or side by side as a list of "
+                         "subgraphs (e.g. [[n] for n in nodes])")
 
 
 def _check_convex(nodes, members, order, where) -> None:

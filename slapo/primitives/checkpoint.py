@@ -29,9 +29,10 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
         for i in range(config.num_hidden_layers):
             sch[f"bert.encoder.layer.{i}"].checkpoint()
 
-    With ``subgraph`` (one result of ``find`` on this traced node, or a connected list of its
-    nodes), only that subgraph is checkpointed: it is extracted into a submodule ``name``
-    (default ``checkpointed``, ``checkpointed_1``, ...) that is checkpointed as above::
+    With ``subgraph`` (one result of ``find`` on this traced node, a connected list of its
+    nodes, or a list of such subgraphs taken together), only that subgraph is checkpointed:
+    it is extracted into a submodule ``name`` (default ``checkpointed``, ``checkpointed_1``,
+    ...) that is checkpointed as above::
 
         attn.checkpoint(subgraph=attn.find(attention_core_pattern)[0], name="core")
     """

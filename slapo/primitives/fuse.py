@@ -58,10 +58,12 @@ def check_compiler(compiler) -> None:
 @register_primitive()
 def fuse(sch, subgraph, compiler: str | Callable | None = "inductor",
          name: str | None = None) -> nn.Module:
-    """Replace ``subgraph`` (one result of ``find``, or a list of nodes) of this traced node
-    by one submodule that computes it, compiled with ``torch.compile(backend=compiler)``.
+    """Replace ``subgraph`` (one result of ``find``, a list of nodes, or a list of such
+    subgraphs fused side by side) of this traced node by one submodule that computes it,
+    compiled with ``torch.compile(backend=compiler)``.
 
-    The subgraph must be connected and convex (no path leaves it and re-enters). Its inputs
+    The subgraph must be connected (each one, for a list) and convex (no path leaves it and
+    re-enters). Its inputs
     (in the order of the pattern's arguments for a ``find`` match) become the arguments of
     the new submodule, registered as ``name`` (default ``fused``, ``fused_1``, ...) and
     returned; its outputs its results. ``compiler``: a backend name from

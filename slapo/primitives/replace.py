@@ -40,7 +40,14 @@ def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = No
     nodes), only that subgraph is replaced: ``new`` is registered as submodule ``name``
     (default: its class name in snake case) and called on the subgraph's inputs, in the order
     of the pattern's arguments (for a plain list of nodes: in order of first use); it returns
-    the subgraph's outputs (a tuple when there are several)::
+    the subgraph's outputs (a tuple when there are several). A list of subgraphs (several
+    matches) is replaced by one call side by side (horizontal fusion): ``new`` takes each
+    match's inputs in turn, each value once, and returns each match's outputs in turn::
+
+        q, k, v = (attn.find(name)[0] for name in ("query", "key", "value"))
+        attn.replace(FusedQKV(...), subgraph=[[q], [k], [v]], name="qkv")
+
+    One match::
 
         core = attn.find(attention_core_pattern)[0]   # inputs q, k, v, mask
         attn.replace(lambda q, k, v, mask: F.scaled_dot_product_attention(

@@ -152,13 +152,15 @@ def test_pattern_matching_nothing_is_an_error():
         sch.find("softmax")
 
 
-def test_subgraph_not_connected_is_an_error():
+def test_subgraph_not_connected_is_an_error_unless_side_by_side():
     _, sch, _ = _traced("bert.BertSelfAttention", flatten=True)
     query, value = sch.find(r"^(query|value)$")
     with pytest.raises(ValueError, match="is not connected"):
         sch.fuse([query, value], compiler=None)
-    with pytest.raises(ValueError, match="pass one of them"):
-        sch.fuse([[query], [value]], compiler=None)
+    # given as two subgraphs, they fuse side by side (horizontal fusion) into one call
+    sch.fuse([[query], [value]], compiler=None, name="query_value")
+    calls = {n.target for n in sch.mod.graph.nodes if n.op == "call_module"}
+    assert "query_value" in calls and not {"query", "value"} & calls
 
 
 class _Diamond(nn.Module):
