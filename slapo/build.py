@@ -13,6 +13,7 @@ from torch import nn
 
 from . import state
 from .primitives.shard import shard_spec
+from .sharding import first_rank, world_size
 
 TARGETS = (None, "deepspeed", "pipeline")
 
@@ -153,7 +154,8 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
         init = init_weights
         takes_path = len(inspect.signature(init).parameters) >= 2
     paths = {id(m): path for path, m in model.named_modules()}
-    spread = broadcast and dist.is_initialized() and dist.get_world_size(group) > 1
+    spread = broadcast and world_size(group) > 1
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
     order, done, bare = [], set(), []
     model.apply(order.append)
     with torch.no_grad():
@@ -179,11 +181,9 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
             for name, param in own.items():
                 value = full[name].data
                 if spread:
-                    dist.broadcast(value, src=dist.get_global_rank(group, 0)
-                                   if group is not None else 0, group=group)
+                    dist.broadcast(value, src=first_rank(group), group=group)
                 spec = shard_spec(param)
                 if spec is not None:
-                    rank = dist.get_rank(group) if dist.is_initialized() else 0
                     value = value.chunk(spec.world_size, dim=spec.axis)[rank]
                 param.copy_(value)
     if bare:

@@ -134,9 +134,10 @@ def set_random_seed(seed: int = 2013, dp_rank: int | None = None, pp_rank: int |
         np = None
     if np is not None:
         np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    if tp_rank is not None:
-        _STREAMS.add(TENSOR_PARALLEL, seed + STREAM_SEED_OFFSET + tp_rank)
+    if tp_rank is None:
+        torch.manual_seed(seed)
+    else:
+        manual_seed(seed, tp_rank)
     return seed
 
 

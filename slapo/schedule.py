@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .primitives import get_primitive
+from .sharding import world_size
 
 
 class Schedule:
@@ -81,7 +82,7 @@ class Schedule:
 
     @property
     def world_size(self) -> int:
-        return dist.get_world_size(self.group) if dist.is_initialized() else 1
+        return world_size(self.group)
 
     @property
     def rank(self) -> int:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .primitives.shard import shard_spec
-from .sharding import all_gather_forward, gather_sharded
+from .sharding import all_gather_forward, first_rank, gather_sharded, world_size
 from .tracing import has_foreign_hooks
 
 # Floor of the denominator: a gradient that is mathematically zero (a key bias under softmax)
@@ -59,6 +59,24 @@ class StepReport:
         return name, self.grad_errors[name]
 
 
+def gradient_errors(plain: nn.Module, scheduled: nn.Module, group=None) -> dict[str, float]:
+    """The relative error of each gradient of ``scheduled`` (sharded ones gathered) against
+    the plain model's, by parameter name (parameters without a gradient in both are left out).
+    Collectives for sharded parameters: every rank must call it."""
+    plain_params = dict(plain.named_parameters())
+    errors = {}
+    for name, param in scheduled.named_parameters():
+        if name not in plain_params:
+            raise KeyError(f"scheduled model has parameter '{name}' that the plain one lacks")
+        expected = plain_params[name].grad
+        grad = full_tensor(param, param.grad, group) if param.grad is not None else None
+        if (grad is None) != (expected is None):
+            raise AssertionError(f"gradient of '{name}' exists in only one model")
+        if grad is not None:
+            errors[name] = relative_error(grad, expected)
+    return errors
+
+
 def train_side_by_side(plain: nn.Module, scheduled: nn.Module, batches: Iterable[dict],
                        forward: Callable[[nn.Module, dict], tuple[torch.Tensor, torch.Tensor]],
                        lr: float = 0.1, group=None) -> list[StepReport]:
@@ -69,23 +87,14 @@ def train_side_by_side(plain: nn.Module, scheduled: nn.Module, batches: Iterable
     """
     opt_plain = torch.optim.SGD(plain.parameters(), lr=lr)
     opt_sched = torch.optim.SGD(scheduled.parameters(), lr=lr)
-    plain_params = dict(plain.named_parameters())
     reports = []
     for batch in batches:
         loss_p, out_p = forward(plain, batch)
         loss_s, out_s = forward(scheduled, batch)
         loss_p.backward()
         loss_s.backward()
-        report = StepReport(loss_p.item(), loss_s.item(), relative_error(out_s, out_p))
-        for name, param in scheduled.named_parameters():
-            if name not in plain_params:
-                raise KeyError(f"scheduled model has parameter '{name}' that the plain one lacks")
-            expected = plain_params[name].grad
-            grad = full_tensor(param, param.grad, group) if param.grad is not None else None
-            if (grad is None) != (expected is None):
-                raise AssertionError(f"gradient of '{name}' exists in only one model")
-            if grad is not None:
-                report.grad_errors[name] = relative_error(grad, expected)
+        report = StepReport(loss_p.item(), loss_s.item(), relative_error(out_s, out_p),
+                            gradient_errors(plain, scheduled, group))
         reports.append(report)
         opt_plain.step()
         opt_sched.step()
@@ -149,15 +158,7 @@ class Verify(contextlib.ContextDecorator):
             out_sched, loss_sched = self._run(scheduled, inputs, out_plain, group)
             _check("the output", relative_error(out_sched, out_plain), self.tol)
             _check("the loss", relative_error(loss_sched, loss_plain), self.tol)
-            plain_params = dict(self.original.named_parameters())
-            for name, param in scheduled.named_parameters():
-                expected = plain_params[name].grad
-                if param.grad is None or expected is None:
-                    if (param.grad is None) != (expected is None):
-                        raise AssertionError(f"slapo.Verify: the gradient of '{name}' exists in "
-                                             "only one of the plain and scheduled models")
-                    continue
-                error = relative_error(full_tensor(param, param.grad, group), expected)
+            for name, error in gradient_errors(self.original, scheduled, group).items():
                 _check(f"the gradient of '{name}'", error, self.tol)
         finally:
             for name, param in scheduled.named_parameters():
@@ -201,8 +202,8 @@ def _broadcast(inputs, group):
     """``inputs`` as the first rank of ``group`` has them (tensors broadcast in place)."""
     inputs = dict(inputs) if isinstance(inputs, dict) else list(
         inputs if isinstance(inputs, (list, tuple)) else [inputs])
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        src = dist.get_global_rank(group, 0) if group is not None else 0
+    if world_size(group) > 1:
+        src = first_rank(group)
         for value in (inputs.values() if isinstance(inputs, dict) else inputs):
             if isinstance(value, torch.Tensor):
                 dist.broadcast(value, src=src, group=group)

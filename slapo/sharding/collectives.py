@@ -15,12 +15,18 @@ import torch
 import torch.distributed as dist
 
 
-def _world(group) -> int:
+def world_size(group=None) -> int:
+    """Ranks in ``group`` (1 when torch.distributed is not initialised)."""
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
+def first_rank(group=None) -> int:
+    """The global rank of ``group``'s first member (the source of its broadcasts)."""
+    return dist.get_global_rank(group, 0) if group is not None else 0
+
+
 def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
-    if _world(group) == 1:
+    if world_size(group) == 1:
         return x
     x = x.contiguous().clone()
     dist.all_reduce(x, group=group)
@@ -28,7 +34,7 @@ def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
 
 
 def _all_gather(x: torch.Tensor, axis: int, group) -> torch.Tensor:
-    world = _world(group)
+    world = world_size(group)
     if world == 1:
         return x
     parts = [torch.empty_like(x) for _ in range(world)]
@@ -38,7 +44,7 @@ def _all_gather(x: torch.Tensor, axis: int, group) -> torch.Tensor:
 
 def shard_slice(x: torch.Tensor, axis: int, group) -> torch.Tensor:
     """This rank's slice of ``x`` along ``axis`` (no communication)."""
-    world = _world(group)
+    world = world_size(group)
     if world == 1:
         return x
     rank = dist.get_rank(group)
@@ -46,12 +52,12 @@ def shard_slice(x: torch.Tensor, axis: int, group) -> torch.Tensor:
 
 
 def _reduce_scatter(x: torch.Tensor, axis: int, group) -> torch.Tensor:
-    if _world(group) == 1:
+    if world_size(group) == 1:
         return x
     # gloo has no reduce-scatter: an all-reduce and a local slice give the same result.
     if dist.get_backend(group) == "gloo":
         return shard_slice(_all_reduce(x, group), axis, group)
-    world = _world(group)
+    world = world_size(group)
     inputs = [c.contiguous() for c in x.chunk(world, dim=axis)]
     out = torch.empty_like(inputs[0])
     dist.reduce_scatter(out, inputs, group=group)

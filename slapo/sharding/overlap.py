@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import state
+from .collectives import world_size
 
 
 def supports_overlap(mod: nn.Module) -> bool:
@@ -39,22 +40,28 @@ def supports_overlap(mod: nn.Module) -> bool:
 
 
 class PendingWeightGrads:
-    """One forward call of the synchronised module: the linears' parameter views (by module)
-    and, filled in the backward, the (grad_output, input) pairs their weight gradients need."""
+    """One forward call of the synchronised module: where each linear's parameters sit among
+    those the node passes through, the node's views of them (by module), and, filled in the
+    backward, the (grad_output, input) pairs their weight gradients need."""
 
     def __init__(self, linears: list[nn.Module]):
         self.linears = linears
-        self.views: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        # per linear: the slots of its weight and of its bias (or None) among params()
+        self.slots: list[tuple[int, int | None]] = []
+        at = 0
+        for mod in linears:
+            bias = at + 1 if _bias_is_deferred(mod) else None
+            self.slots.append((at, bias))
+            at += 1 if bias is None else 2
+        self.views: dict[int, tuple[int, torch.Tensor, torch.Tensor | None]] = {}
         self.pairs: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (linear index, g, x)
 
     def params(self) -> list[torch.Tensor]:
         """The parameters the node passes through: each linear's weight, then its bias if
         the deferred matmul adds it (plain ``nn.Linear`` with a bias)."""
         out = []
-        for mod in self.linears:
-            out.append(mod.weight)
-            if _bias_is_deferred(mod):
-                out.append(mod.bias)
+        for mod, (_, bias) in zip(self.linears, self.slots):
+            out += [mod.weight] if bias is None else [mod.weight, mod.bias]
         return out
 
 
@@ -76,7 +83,7 @@ class _Overlap(torch.autograd.Function):
     def backward(ctx, grad_x, *grad_params):
         pending = ctx.pending
         work = None
-        if grad_x is not None and dist.is_initialized() and dist.get_world_size(ctx.group) > 1:
+        if grad_x is not None and world_size(ctx.group) > 1:
             grad_x = grad_x.contiguous().clone()
             work = dist.all_reduce(grad_x, group=ctx.group, async_op=True)
         grads = _weight_grads(pending, list(grad_params))
@@ -89,16 +96,12 @@ class _Overlap(torch.autograd.Function):
 def _weight_grads(pending: PendingWeightGrads, grads: list) -> list:
     """Add each pending (grad_output, input) pair's weight (and deferred bias) gradient to
     ``grads``, laid out as :meth:`PendingWeightGrads.params`."""
-    slot, first = 0, []
-    for mod in pending.linears:
-        first.append(slot)
-        slot += 1 + _bias_is_deferred(mod)
     for index, g, x in pending.pairs:
-        mod, at = pending.linears[index], first[index]
+        weight, bias = pending.slots[index]
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
-        grads[at] = _add(grads[at], g2.t().mm(x2))
-        if _bias_is_deferred(mod):
-            grads[at + 1] = _add(grads[at + 1], g2.sum(0))
+        grads[weight] = _add(grads[weight], g2.t().mm(x2))
+        if bias is not None:
+            grads[bias] = _add(grads[bias], g2.sum(0))
     return grads
 
 
@@ -128,10 +131,8 @@ def overlap_input(x: torch.Tensor, linears: list[nn.Module], group) -> torch.Ten
     """The module input ``x`` through the overlap node, marked for ``linears``."""
     pending = PendingWeightGrads(linears)
     out, *views = _Overlap.apply(x, pending, group, *pending.params())
-    it = iter(views)
-    for mod in linears:
-        weight = next(it)
-        pending.views[id(mod)] = (weight, next(it) if _bias_is_deferred(mod) else None)
+    for index, (mod, (weight, bias)) in enumerate(zip(linears, pending.slots)):
+        pending.views[id(mod)] = (index, views[weight], None if bias is None else views[bias])
     state.set_pending_weight_grads(out, pending)
     return out
 
@@ -148,8 +149,8 @@ def defer_weight_grad(mod: nn.Module) -> None:
         views = pending.views.get(id(mod)) if pending is not None else None
         if views is None or args or kwargs:
             return plain(x, *args, **kwargs)
-        weight, bias = views
-        y = _DeferredLinear.apply(x, weight, bias, pending, pending.linears.index(mod))
+        index, weight, bias = views
+        y = _DeferredLinear.apply(x, weight, bias, pending, index)
         return y if type(mod) is nn.Linear else mod.epilogue(y)
 
     mod.forward = forward

@@ -40,12 +40,17 @@ def _calls(sch):
     return {n.name: n for n in sch.mod.graph.nodes if n.op == "call_module"}
 
 
-def test_three_matches_replaced_by_one_call():
+def _traced_copy():
+    """A seeded QKV, and a traced schedule of its copy with the graph's module calls."""
     torch.manual_seed(0)
     plain = QKV()
     sch = slapo.create_schedule(copy.deepcopy(plain))
     sch.trace()
-    calls = _calls(sch)
+    return plain, sch, _calls(sch)
+
+
+def test_three_matches_replaced_by_one_call():
+    plain, sch, calls = _traced_copy()
     parts = [[calls["q"]], [calls["k"]], [calls["v"]]]
     sch.replace(Together(sch.mod.q, sch.mod.k, sch.mod.v), subgraph=parts, name="qkv")
     calls = _calls(sch)
@@ -57,11 +62,7 @@ def test_three_matches_replaced_by_one_call():
 
 
 def test_matches_checkpointed_together_keep_the_gradients():
-    torch.manual_seed(0)
-    plain = QKV()
-    sch = slapo.create_schedule(copy.deepcopy(plain))
-    sch.trace()
-    calls = _calls(sch)
+    plain, sch, calls = _traced_copy()
     sch.checkpoint(subgraph=[[calls["q"]], [calls["k"]], [calls["v"]]], name="projections")
     assert isinstance(sch["projections"].mod, fx.GraphModule)
     x = torch.randn(3, 6)
