@@ -26,15 +26,23 @@ Options (each family honours all of them):
                    interface), dropout whose mask is drawn the way that is fast on the device
                    (``slapo.op.Dropout``: uniform draws on CPU, ``F.dropout`` on CUDA), fused
                    bias+GeLU where the model has one (BERT and RoBERTa intermediate, GPT-Neo
-                   ``mlp.c_fc``); OPT, T5 and LLaMA have no GeLU after a biased linear,
-                   WideResNet nothing to replace.
+                   MLP: found in the traced block and fused, compiled with
+                   ``slapo.op.kernel_compiler()``: Inductor on CUDA, uncompiled on CPU); OPT,
+                   T5 and LLaMA have no GeLU after a biased linear, WideResNet nothing to
+                   replace.
   ckpt_ratio       checkpoint the first ``round(ratio * layers)`` layers (Python's round; T5
                    counts encoder then decoder blocks, WideResNet its bottleneck blocks).
 The scheduled model is called exactly like the plain one and returns its loss the same way.
 
-Lines of schedule code (Table 4): the artifact counts the family modules' function bodies
-(``slapo_ae.analysis.loc``); library code (``common.py``, ``slapo.op``, the primitives) is not
-counted, as in the paper.
+Each family's ``schedule`` calls the primitives itself, in the order of the paper's listings:
+kernels first (``slapo.op``'s attention and dropout; bias+GeLU through the static-graph path:
+``trace`` the FFN, ``decompose`` its first linear, ``find`` the bias add and GeLU, ``fuse``
+them), then tensor parallelism (``shard``, ``sync``, ``fork_rng``), then ``checkpoint``.
+
+Lines of schedule code (Table 4): the artifact counts a family module's function bodies and
+those of every project helper it calls (``checkpoint_layers`` here, ``common.py``), by the
+artifact's rule (``slapo_ae.analysis.loc``); library code (``slapo.op``, the primitives) is
+not counted, as upstream Slapo's library was not.
 """
 
 from __future__ import annotations
@@ -54,11 +62,14 @@ class ScheduleOptions:
             raise ValueError(f"ckpt_ratio must lie in [0, 1], got {self.ckpt_ratio}")
 
 
-def checkpoint_layers(sch, layer_paths: list[str], ratio: float) -> int:
-    """Checkpoint the first ``round(ratio * len(layer_paths))`` layers; returns how many."""
-    count = round(ratio * len(layer_paths))
-    for path in layer_paths[:count]:
-        sch[path].checkpoint()
+def checkpoint_layers(layers: list, ratio: float) -> int:
+    """Checkpoint the first ``round(ratio * len(layers))`` of the schedule nodes ``layers``;
+    returns how many."""
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"ckpt_ratio must lie in [0, 1], got {ratio}")
+    count = round(ratio * len(layers))
+    for layer in layers[:count]:
+        layer.checkpoint()
     return count
 
 

@@ -1,46 +1,46 @@
-"""Schedule for BERT (transformers' Bert* modules)."""
+"""Schedule for BERT (transformers' Bert* modules), written as the paper's listing:
+kernels, then Megatron-style tensor parallelism, then activation checkpointing."""
 
 from __future__ import annotations
 
+import torch.nn.functional as F
+
+from ..op import kernel_compiler, use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
-from .common import (
-    fuse_bias_gelu,
-    shard_attention,
-    shard_column_row,
-    shard_vocab,
-    tensor_parallel,
-    use_kernels,
-)
 
 
-def shard_bert(sch, prefix: str = "bert", shard_embedding: bool = True,
-               vocab_parallel_loss: bool = False) -> None:
-    """Megatron-style tensor parallelism of a BERT encoder over the schedule's group.
-
-    Attention heads and the FFN are split across ranks (QKV and the first FFN linear by
-    columns, the output projections by rows), attention-probability dropout draws per rank,
-    and the word embedding is split by vocabulary. The MLM head (tied to the word embedding)
-    then yields this rank's vocabulary slice: gathered to full logits, or, with
-    ``vocab_parallel_loss``, kept sharded and the loss computed on the slices.
-    """
-    config = sch[prefix].mod.config
-    for i in range(config.num_hidden_layers):
-        layer = sch[f"{prefix}.encoder.layer.{i}"]
-        shard_attention(layer["attention"], ["self.query", "self.key", "self.value"],
-                        "output.dense", dropout="self", input_sync="self")
-        shard_column_row(layer, ["intermediate.dense"], "output.dense", input_sync="intermediate")
-    if shard_embedding:
-        shard_vocab(sch, [f"{prefix}.embeddings.word_embeddings"], "cls.predictions.decoder",
-                    loss="masked" if vocab_parallel_loss else None)
+def bias_gelu(x, bias):
+    return F.gelu(x + bias)
 
 
 def schedule(sch, opts) -> None:
-    layers = [f"bert.encoder.layer.{i}" for i in range(sch["bert"].mod.config.num_hidden_layers)]
+    layers = [sch[f"bert.encoder.layer.{i}"]
+              for i in range(sch["bert"].mod.config.num_hidden_layers)]
     if opts.kernel_opt:
-        use_kernels(sch)
-        for path in layers:
-            fuse_bias_gelu(sch[f"{path}.intermediate.dense"],
-                           sch[f"{path}.intermediate.intermediate_act_fn"])
-    if tensor_parallel(sch, opts):
-        shard_bert(sch, shard_embedding=opts.shard_embedding, vocab_parallel_loss=True)
-    checkpoint_layers(sch, layers, opts.ckpt_ratio)
+        use_sdpa(sch)  # attention on SDPA
+        use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
+        for layer in layers:
+            ffn = layer["intermediate"]
+            ffn.trace(flatten=True)
+            ffn["dense"].decompose()
+            ffn.fuse(ffn.find(bias_gelu)[0], compiler=kernel_compiler(), name="bias_gelu")
+    if opts.tensor_parallel and sch.world_size > 1:
+        for layer in layers:
+            attn = layer["attention"]
+            for name in ("query", "key", "value"):
+                attn[f"self.{name}"].shard("weight", axis=0)
+            attn["self"].sync("bwd_post", "all_reduce", overlap=["query", "key", "value"])
+            attn["self"].fork_rng()  # attention-probability dropout on this rank's heads
+            attn["output.dense"].shard("weight", axis=1)
+            attn["output.dense"].sync("fwd_post", "all_reduce")
+            layer["intermediate.dense"].shard("weight", axis=0)
+            layer["intermediate"].sync("bwd_post", "all_reduce", overlap=["dense"])
+            layer["output.dense"].shard("weight", axis=1)
+            layer["output.dense"].sync("fwd_post", "all_reduce")
+        if opts.shard_embedding:
+            sch["bert.embeddings.word_embeddings"].shard("weight", axis=0)
+            sch["bert.embeddings.word_embeddings"].sync("fwd_post", "all_reduce")
+            sch["cls.predictions.decoder"].shard("weight", axis=0)  # tied: already sharded
+            sch["cls.predictions.decoder"].sync("bwd_post", "all_reduce")
+            vocab_parallel_loss(sch, "masked")
+    checkpoint_layers(layers, opts.ckpt_ratio)

@@ -1,32 +1,54 @@
-"""Schedule for GPT-Neo (transformers' GPTNeo* modules)."""
+"""Schedule for GPT-Neo (transformers' GPTNeo* modules), written as the paper's listing:
+kernels, then Megatron-style tensor parallelism, then activation checkpointing."""
 
 from __future__ import annotations
 
+import math
+
+import torch
+
+from ..op import kernel_compiler, use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
-from .common import (
-    fuse_bias_gelu,
-    sdpa_gpt_neo,
-    shard_attention,
-    shard_column_row,
-    shard_vocab,
-    tensor_parallel,
-    use_kernels,
-)
+from .common import sdpa_gpt_neo
+
+
+def bias_gelu_tanh(x, bias):  # transformers' NewGELUActivation after the bias add
+    y = x + bias
+    inner = math.sqrt(2.0 / math.pi) * (y + 0.044715 * torch.pow(y, 3.0))
+    return 0.5 * y * (1.0 + torch.tanh(inner))
 
 
 def schedule(sch, opts) -> None:
     layers = [sch[f"transformer.h.{i}"] for i in range(sch.mod.config.num_layers)]
     if opts.kernel_opt:
-        use_kernels(sch)
+        use_sdpa(sch)
+        use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
         for layer in layers:
-            sdpa_gpt_neo(layer["attn.attention"])
-            fuse_bias_gelu(layer["mlp.c_fc"], layer["mlp.act"])
-    if tensor_parallel(sch, opts):
+            sdpa_gpt_neo(layer["attn.attention"])  # the attention core on SDPA
+            mlp = layer["mlp"]
+            mlp.trace(flatten=True)
+            mlp["c_fc"].decompose()
+            mlp.fuse(mlp.find(bias_gelu_tanh)[0], compiler=kernel_compiler(), name="bias_gelu")
+    if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
-            # heads to divide; the probability dropout is in the SDPA core, or HF's attn_dropout
-            shard_attention(layer["attn.attention"], ["q_proj", "k_proj", "v_proj"], "out_proj",
-                            ("num_heads",), "core" if opts.kernel_opt else "attn_dropout")
-            shard_column_row(layer["mlp"], ["c_fc"], "c_proj")
+            attn = layer["attn.attention"]
+            for name in ("q_proj", "k_proj", "v_proj"):
+                attn[name].shard("weight", axis=0)
+            attn.sync("bwd_post", "all_reduce", overlap=["q_proj", "k_proj", "v_proj"])
+            attn.mod.num_heads //= sch.world_size
+            # attention-probability dropout on this rank's heads: in the SDPA core, or HF's
+            attn["core" if opts.kernel_opt else "attn_dropout"].fork_rng()
+            attn["out_proj"].shard("weight", axis=1)
+            attn["out_proj"].sync("fwd_post", "all_reduce")
+            mlp = layer["mlp"]
+            mlp["c_fc"].shard("weight", axis=0)
+            mlp.sync("bwd_post", "all_reduce", overlap=["c_fc"])
+            mlp["c_proj"].shard("weight", axis=1)
+            mlp["c_proj"].sync("fwd_post", "all_reduce")
         if opts.shard_embedding:
-            shard_vocab(sch, ["transformer.wte"], "lm_head", loss="causal")
-    checkpoint_layers(sch, [layer.path for layer in layers], opts.ckpt_ratio)
+            sch["transformer.wte"].shard("weight", axis=0)
+            sch["transformer.wte"].sync("fwd_post", "all_reduce")
+            sch["lm_head"].shard("weight", axis=0)  # tied: already sharded
+            sch["lm_head"].sync("bwd_post", "all_reduce")
+            vocab_parallel_loss(sch, "causal")
+    checkpoint_layers(layers, opts.ckpt_ratio)

@@ -3,18 +3,34 @@ so grouped-query attention keeps its group size; the SwiGLU FFN has no GeLU to f
 
 from __future__ import annotations
 
+from ..op import use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
-from .common import shard_attention, shard_column_row, shard_vocab, tensor_parallel, use_kernels
 
 
 def schedule(sch, opts) -> None:
     layers = [sch[f"model.layers.{i}"] for i in range(sch.mod.config.num_hidden_layers)]
     if opts.kernel_opt:
-        use_kernels(sch)
-    if tensor_parallel(sch, opts):
+        use_sdpa(sch)  # attention on SDPA
+        use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
+    if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
-            shard_attention(layer["self_attn"], ["q_proj", "k_proj", "v_proj"], "o_proj")
-            shard_column_row(layer["mlp"], ["gate_proj", "up_proj"], "down_proj")
+            attn = layer["self_attn"]  # its forward infers the head count from the shapes
+            for name in ("q_proj", "k_proj", "v_proj"):
+                attn[name].shard("weight", axis=0)
+            attn.sync("bwd_post", "all_reduce", overlap=["q_proj", "k_proj", "v_proj"])
+            attn.fork_rng()  # attention-probability dropout on this rank's heads
+            attn["o_proj"].shard("weight", axis=1)
+            attn["o_proj"].sync("fwd_post", "all_reduce")
+            mlp = layer["mlp"]
+            mlp["gate_proj"].shard("weight", axis=0)
+            mlp["up_proj"].shard("weight", axis=0)
+            mlp.sync("bwd_post", "all_reduce", overlap=["gate_proj", "up_proj"])
+            mlp["down_proj"].shard("weight", axis=1)
+            mlp["down_proj"].sync("fwd_post", "all_reduce")
         if opts.shard_embedding:
-            shard_vocab(sch, ["model.embed_tokens"], "lm_head", loss="causal")
-    checkpoint_layers(sch, [layer.path for layer in layers], opts.ckpt_ratio)
+            sch["model.embed_tokens"].shard("weight", axis=0)
+            sch["model.embed_tokens"].sync("fwd_post", "all_reduce")
+            sch["lm_head"].shard("weight", axis=0)
+            sch["lm_head"].sync("bwd_post", "all_reduce")
+            vocab_parallel_loss(sch, "causal")
+    checkpoint_layers(layers, opts.ckpt_ratio)

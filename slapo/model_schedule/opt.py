@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+from ..op import use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
-from .common import shard_attention, shard_column_row, shard_vocab, tensor_parallel, use_kernels
 
 
 def schedule(sch, opts) -> None:
     layers = [sch[f"model.decoder.layers.{i}"] for i in range(sch.mod.config.num_hidden_layers)]
     if opts.kernel_opt:
-        use_kernels(sch)
-    if tensor_parallel(sch, opts):
+        use_sdpa(sch)  # attention on SDPA
+        use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
+    if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
-            shard_attention(layer["self_attn"], ["q_proj", "k_proj", "v_proj"], "out_proj",
-                            heads=("num_heads",))
-            shard_column_row(layer, ["fc1"], "fc2", input_sync="fc1")
+            attn = layer["self_attn"]
+            for name in ("q_proj", "k_proj", "v_proj"):
+                attn[name].shard("weight", axis=0)
+            attn.sync("bwd_post", "all_reduce", overlap=["q_proj", "k_proj", "v_proj"])
+            attn.mod.num_heads //= sch.world_size
+            attn.fork_rng()  # attention-probability dropout on this rank's heads
+            attn["out_proj"].shard("weight", axis=1)
+            attn["out_proj"].sync("fwd_post", "all_reduce")
+            layer["fc1"].shard("weight", axis=0)
+            layer["fc1"].sync("bwd_post", "all_reduce", overlap=[""])
+            layer["fc2"].shard("weight", axis=1)
+            layer["fc2"].sync("fwd_post", "all_reduce")
         if opts.shard_embedding:
-            shard_vocab(sch, ["model.decoder.embed_tokens"], "lm_head", loss="causal")
-    checkpoint_layers(sch, [layer.path for layer in layers], opts.ckpt_ratio)
+            sch["model.decoder.embed_tokens"].shard("weight", axis=0)
+            sch["model.decoder.embed_tokens"].sync("fwd_post", "all_reduce")
+            sch["lm_head"].shard("weight", axis=0)  # tied: already sharded
+            sch["lm_head"].sync("bwd_post", "all_reduce")
+            vocab_parallel_loss(sch, "causal")
+    checkpoint_layers(layers, opts.ckpt_ratio)

@@ -1,32 +1,46 @@
-"""Schedule for RoBERTa (transformers' Roberta* modules; BERT's layer structure)."""
+"""Schedule for RoBERTa (transformers' Roberta* modules), written as the paper's listing:
+kernels, then Megatron-style tensor parallelism, then activation checkpointing."""
 
 from __future__ import annotations
 
+import torch.nn.functional as F
+
+from ..op import kernel_compiler, use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
-from .common import (
-    fuse_bias_gelu,
-    shard_attention,
-    shard_column_row,
-    shard_vocab,
-    tensor_parallel,
-    use_kernels,
-)
+
+
+def bias_gelu(x, bias):
+    return F.gelu(x + bias)
 
 
 def schedule(sch, opts) -> None:
-    config = sch["roberta"].mod.config
-    layers = [sch[f"roberta.encoder.layer.{i}"] for i in range(config.num_hidden_layers)]
+    layers = [sch[f"roberta.encoder.layer.{i}"]
+              for i in range(sch["roberta"].mod.config.num_hidden_layers)]
     if opts.kernel_opt:
-        use_kernels(sch)
+        use_sdpa(sch)  # attention on SDPA
+        use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
         for layer in layers:
-            fuse_bias_gelu(layer["intermediate.dense"], layer["intermediate.intermediate_act_fn"])
-    if tensor_parallel(sch, opts):
+            ffn = layer["intermediate"]
+            ffn.trace(flatten=True)
+            ffn["dense"].decompose()
+            ffn.fuse(ffn.find(bias_gelu)[0], compiler=kernel_compiler(), name="bias_gelu")
+    if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
-            shard_attention(layer["attention"], ["self.query", "self.key", "self.value"],
-                            "output.dense", dropout="self", input_sync="self")
-            shard_column_row(layer, ["intermediate.dense"], "output.dense",
-                             input_sync="intermediate")
+            attn = layer["attention"]
+            for name in ("query", "key", "value"):
+                attn[f"self.{name}"].shard("weight", axis=0)
+            attn["self"].sync("bwd_post", "all_reduce", overlap=["query", "key", "value"])
+            attn["self"].fork_rng()  # attention-probability dropout on this rank's heads
+            attn["output.dense"].shard("weight", axis=1)
+            attn["output.dense"].sync("fwd_post", "all_reduce")
+            layer["intermediate.dense"].shard("weight", axis=0)
+            layer["intermediate"].sync("bwd_post", "all_reduce", overlap=["dense"])
+            layer["output.dense"].shard("weight", axis=1)
+            layer["output.dense"].sync("fwd_post", "all_reduce")
         if opts.shard_embedding:
-            shard_vocab(sch, ["roberta.embeddings.word_embeddings"], "lm_head.decoder",
-                        loss="masked")
-    checkpoint_layers(sch, [layer.path for layer in layers], opts.ckpt_ratio)
+            sch["roberta.embeddings.word_embeddings"].shard("weight", axis=0)
+            sch["roberta.embeddings.word_embeddings"].sync("fwd_post", "all_reduce")
+            sch["lm_head.decoder"].shard("weight", axis=0)  # tied: already sharded
+            sch["lm_head.decoder"].sync("bwd_post", "all_reduce")
+            vocab_parallel_loss(sch, "masked")
+    checkpoint_layers(layers, opts.ckpt_ratio)

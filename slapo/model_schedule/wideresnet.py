@@ -11,14 +11,17 @@ GeLU), so ``kernel_opt`` leaves the model as is.
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import shard_batchnorm, shard_column_row, tensor_parallel
+from .common import shard_batchnorm
 
 
 def schedule(sch, opts) -> None:
     stages = sch.mod.config.layers
     blocks = [sch[f"layer{k + 1}.{j}"] for k, n in enumerate(stages) for j in range(n)]
-    if tensor_parallel(sch, opts):
+    if opts.tensor_parallel and sch.world_size > 1:
         for block in blocks:
-            shard_column_row(block, ["conv1"], "conv2", input_sync="conv1")
-            shard_batchnorm(block["bn1"])
-    checkpoint_layers(sch, [block.path for block in blocks], opts.ckpt_ratio)
+            block["conv1"].shard("weight", axis=0)
+            block["conv1"].sync("bwd_post", "all_reduce")
+            shard_batchnorm(block["bn1"])  # over conv1's output channels
+            block["conv2"].shard("weight", axis=1)
+            block["conv2"].sync("fwd_post", "all_reduce")
+    checkpoint_layers(blocks, opts.ckpt_ratio)

@@ -1,19 +1,29 @@
 """Library kernels for schedules: attention on SDPA, fused bias+GeLU, dropout drawn for
-the device, vocabulary-parallel cross entropy. Schedules swap them in with ``replace`` (or the
-helpers of ``slapo.model_schedule.common``); they are plain functions and modules, usable on
-their own. Each op picks its kernel by the device its tensors are on (``kernel_choices``).
+the device, vocabulary-parallel cross entropy. Schedules swap them in with ``replace``, or
+with the installers that put one kernel everywhere it applies in a model (``use_sdpa``,
+``use_device_dropout``, ``vocab_parallel_loss``: upstream Slapo's library had the same ops);
+they are plain functions and modules, usable on their own. Each op picks its kernel by the
+device its tensors are on (``kernel_choices``).
 
-- ``attention`` / ``CoreAttention`` / ``hf_attention_forward`` / ``math_attention``: ``sdpa.py``
-- ``bias_gelu`` / ``LinearGeLU``: ``gelu.py``
-- ``dropout`` / ``Dropout``: ``dropout.py``
-- ``vocab_parallel_cross_entropy``: ``cross_entropy.py``
+- ``attention`` / ``CoreAttention`` / ``hf_attention_forward`` / ``math_attention`` / ``use_sdpa``:
+  ``sdpa.py``
+- ``bias_gelu`` / ``LinearGeLU`` / ``kernel_compiler`` (the backend for ``fuse``): ``gelu.py``
+- ``dropout`` / ``Dropout`` / ``use_device_dropout``: ``dropout.py``
+- ``vocab_parallel_cross_entropy`` / ``vocab_parallel_loss``: ``cross_entropy.py``
 - upstream Slapo's names: ``FusedQKV``, ``FusedMLP``, ``LinearWithSeparateBias``,
   ``LinearWithSyncFunc``, ``ParallelCrossEntropy``: ``upstream.py``
 """
 
-from .cross_entropy import vocab_parallel_cross_entropy
-from .dropout import Dropout, dropout, dropout_kernel
-from .gelu import LinearGeLU, bias_gelu, bias_gelu_kernel, compiled_kernel_state, gelu_approximation
+from .cross_entropy import LOSS_KINDS, vocab_parallel_cross_entropy, vocab_parallel_loss
+from .dropout import Dropout, dropout, dropout_kernel, use_device_dropout
+from .gelu import (
+    LinearGeLU,
+    bias_gelu,
+    bias_gelu_kernel,
+    compiled_kernel_state,
+    gelu_approximation,
+    kernel_compiler,
+)
 from .sdpa import (
     SLAPO_ATTENTION,
     CoreAttention,
@@ -22,6 +32,7 @@ from .sdpa import (
     math_attention,
     merge_masks,
     register_hf_attention,
+    use_sdpa,
 )
 from .upstream import (
     FusedMLP,
@@ -31,11 +42,13 @@ from .upstream import (
     ParallelCrossEntropy,
 )
 
-__all__ = ["SLAPO_ATTENTION", "CoreAttention", "Dropout", "FusedMLP", "FusedQKV", "LinearGeLU",
-           "LinearWithSeparateBias", "LinearWithSyncFunc", "ParallelCrossEntropy", "attention",
-           "bias_gelu", "bias_gelu_kernel", "compiled_kernel_state", "dropout", "dropout_kernel",
-           "gelu_approximation", "hf_attention_forward", "kernel_choices", "math_attention",
-           "merge_masks", "register_hf_attention", "vocab_parallel_cross_entropy"]
+__all__ = ["CoreAttention", "Dropout", "FusedMLP", "FusedQKV", "LOSS_KINDS", "LinearGeLU",
+           "LinearWithSeparateBias", "LinearWithSyncFunc", "ParallelCrossEntropy",
+           "SLAPO_ATTENTION", "attention", "bias_gelu", "bias_gelu_kernel",
+           "compiled_kernel_state", "dropout", "dropout_kernel", "gelu_approximation",
+           "hf_attention_forward", "kernel_choices", "kernel_compiler", "math_attention",
+           "merge_masks", "register_hf_attention", "use_device_dropout", "use_sdpa",
+           "vocab_parallel_cross_entropy", "vocab_parallel_loss"]
 
 
 def kernel_choices(device_type: str) -> dict[str, str]:

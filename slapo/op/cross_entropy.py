@@ -19,8 +19,11 @@ With world size 1 (or no process group) it is a plain cross entropy.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 
 def _world_and_rank(group) -> tuple[int, int]:
@@ -87,3 +90,40 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, gro
     if reduction == "mean":
         return losses.sum() / (target != ignore_index).sum()
     raise ValueError(f"unknown reduction {reduction!r}; expected 'mean', 'sum' or 'none'")
+
+
+LOSS_KINDS = ("causal", "masked", "seq2seq")
+
+
+def vocab_parallel_loss(sch, kind: str) -> None:
+    """Make the root model of the schedule ``sch`` compute its loss with
+    ``vocab_parallel_cross_entropy`` (for a model whose LM head yields vocabulary-sharded logits).
+
+    ``model(**batch)`` still returns the model's output class with ``.loss`` first; the labels
+    are not passed to the HF forward (so it computes no loss of its own on sharded logits),
+    and ``.logits`` holds this rank's vocabulary slice. ``kind``:
+    ``"causal"`` (token ``t`` predicts label ``t+1``, as HF's causal-LM loss),
+    ``"masked"`` (each token predicts its own label, as HF's MLM loss),
+    ``"seq2seq"`` (T5: decoder inputs made from the labels with ``model._shift_right``).
+    Labels equal to -100 are ignored.
+    """
+    if kind not in LOSS_KINDS:
+        raise ValueError(f"unknown loss kind {kind!r}; expected one of {LOSS_KINDS}")
+    model, group = sch.mod, sch.group
+    inner = model.forward
+
+    @functools.wraps(inner)
+    def forward(*args, labels=None, **kwargs):
+        if labels is None:
+            return inner(*args, **kwargs)
+        if kind == "seq2seq" and kwargs.get("decoder_input_ids") is None \
+                and kwargs.get("decoder_inputs_embeds") is None:
+            kwargs["decoder_input_ids"] = model._shift_right(labels)
+        out = inner(*args, **kwargs)
+        target = labels.to(out.logits.device)
+        if kind == "causal":
+            target = F.pad(target, (0, 1), value=-100)[..., 1:]
+        loss = vocab_parallel_cross_entropy(out.logits, target, group)
+        return type(out)(loss=loss, **{k: v for k, v in out.items() if k != "loss"})
+
+    model.forward = forward

@@ -63,6 +63,16 @@ def bias_gelu_kernel(device_type: str) -> str:
     return "torch.compile" if _want_compile(device_type, None) else "eager"
 
 
+def kernel_compiler(device_type: str | None = None) -> str | None:
+    """The ``torch.compile`` backend a schedule's ``fuse`` should use for elementwise
+    kernels on ``device_type`` (default: ``"cuda"`` when a GPU is visible, else ``"cpu"``):
+    ``"inductor"`` where ``SLAPO_COMPILE_KERNELS`` lets ``bias_gelu`` compile, None (the
+    fused graph runs eagerly) elsewhere: the same rule, so both kernel paths agree."""
+    if device_type is None:
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    return "inductor" if _want_compile(device_type, None) else None
+
+
 def compiled_kernel_state() -> str:
     """``"compiled"`` if a compiled kernel ran, ``"failed: <reason>"`` if compilation failed,
     else ``"eager"``."""

@@ -171,3 +171,21 @@ class CoreAttention(nn.Module):
     def extra_repr(self) -> str:
         return (f"causal={self.causal}, window={self.window}, scale={self.scale}, "
                 f"dropout={self.dropout}")
+
+
+def _configs(module: nn.Module) -> list:
+    seen = {}
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            seen[id(config)] = config
+    return list(seen.values())
+
+
+def use_sdpa(sch) -> None:
+    """Run the attention of every module below ``sch`` that dispatches through transformers'
+    attention interface (BERT, RoBERTa, OPT, LLaMA, T5) through ``attention``; masks
+    are then built as for HF's SDPA path (boolean, or None when nothing is padded)."""
+    name = register_hf_attention()
+    for config in _configs(sch.mod):
+        config._attn_implementation = name

@@ -45,6 +45,11 @@ class DecomposedLinear(nn.Linear):
     def forward(self, x):
         return F.linear(x, self.weight)
 
+    def epilogue(self, y):
+        """Nothing follows the matmul here (the graph adds the bias): with this, a
+        column-parallel shard can overlap its weight gradient (``slapo.sharding.overlap``)."""
+        return y
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 "bias added by the enclosing graph")

@@ -80,5 +80,6 @@ def _overlappable(sch, path: str):
     if not supports_overlap(node.mod):
         raise ValueError(f"sync at '{sch.path or '<root>'}': overlap lists '{node.path}', a "
                          f"{type(node.mod).__name__}; only an nn.Linear (or a subclass with an "
-                         "epilogue, such as slapo.op.LinearGeLU) can overlap its weight gradient")
+                         "epilogue, such as slapo.op.LinearGeLU or a decomposed Linear) can "
+                         "overlap its weight gradient")
     return node.mod

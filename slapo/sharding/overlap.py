@@ -20,7 +20,8 @@ the plain module's, which the TP tests check against the unsharded model.
 
 A linear takes part if it is an ``nn.Linear`` or a subclass whose forward is
 ``self.epilogue(F.linear(x, self.weight))`` and that says so with an ``epilogue`` method (the
-bias then stays with the epilogue, e.g. ``slapo.op.LinearGeLU``'s fused bias+GeLU).
+bias then stays with the epilogue, e.g. ``slapo.op.LinearGeLU``'s fused bias+GeLU, or a
+``decompose``d linear, whose bias the traced graph adds after it).
 """
 
 from __future__ import annotations

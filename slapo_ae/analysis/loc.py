@@ -2,8 +2,12 @@
 
 The artifact counted "the lines of each schedule file, leaving out lines that contain
 ``for``". Here the schedule file of a family is ``slapo/model_schedule/<family>.py`` and the
-count covers the bodies of its module-level functions (the schedule itself and any helper
-defined beside it), not the library it calls (``common.py``, ``slapo.op``, primitives).
+count covers the bodies of its module-level functions (the schedule itself and any helper or
+pattern defined beside it) **and of every project helper it calls**: a function of the
+schedule package (``slapo/model_schedule/common.py``, ``__init__.py``) that the schedule
+imports and calls is counted with it, followed through the calls those helpers make, each
+function once. The library a schedule uses (the primitives, ``slapo.op``'s kernels, the
+sharding collectives) is not counted, as upstream Slapo's library was not.
 
 ``lines`` (the artifact's rule, made precise): physical source lines inside those function
 bodies that are
@@ -47,7 +51,8 @@ class LocCount:
     path: str
     lines: int        # the artifact's rule (see the module docstring)
     statements: int   # logical statements
-    functions: tuple[str, ...]
+    functions: tuple[str, ...]  # defined in the schedule file
+    helpers: tuple[str, ...] = ()  # project helpers counted with it, "<module>.<function>"
     paper: int | None = None
 
 
@@ -68,28 +73,80 @@ def _statements(nodes: list[ast.stmt]) -> int:
     return total
 
 
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _functions(tree: ast.Module) -> dict[str, Function]:
+    return {fn.name: fn for fn in tree.body if isinstance(fn, (ast.FunctionDef,
+                                                                ast.AsyncFunctionDef))}
+
+
+def _count_function(fn: Function, text: list[str], for_pattern: re.Pattern) -> tuple[int, int]:
+    skip = _docstring_lines(fn)
+    lines = 0
+    for lineno in range(fn.body[0].lineno, fn.end_lineno + 1):
+        line = text[lineno - 1].strip()
+        if line and not line.startswith("#") and lineno not in skip \
+                and not for_pattern.search(line):
+            lines += 1
+    return lines, _statements(fn.body[1:] if skip else fn.body)
+
+
 def count_source(source: str,
                  for_pattern: re.Pattern = FOR_WORD) -> tuple[int, int, tuple[str, ...]]:
     """``(lines, statements, function names)`` of the module-level functions in ``source``;
     lines matching ``for_pattern`` are left out of ``lines``."""
-    tree = ast.parse(source)
     text = source.splitlines()
     lines = statements = 0
-    names = []
-    for fn in tree.body:
-        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        names.append(fn.name)
-        skip = _docstring_lines(fn)
-        first_body_line = fn.body[0].lineno
-        for lineno in range(first_body_line, fn.end_lineno + 1):
-            line = text[lineno - 1].strip()
-            if not line or line.startswith("#") or lineno in skip or for_pattern.search(line):
-                continue
-            lines += 1
-        body = fn.body[1:] if skip else fn.body
-        statements += _statements(body)
-    return lines, statements, tuple(names)
+    functions = _functions(ast.parse(source))
+    for fn in functions.values():
+        counted = _count_function(fn, text, for_pattern)
+        lines, statements = lines + counted[0], statements + counted[1]
+    return lines, statements, tuple(functions)
+
+
+def _package_imports(tree: ast.Module, package: Path) -> dict[str, tuple[Path, str]]:
+    """The names a module imports from its own package (``from . import f``,
+    ``from .common import g``): name -> (module file, function name)."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            module = package / ((node.module or "__init__").replace(".", "/") + ".py")
+            for alias in node.names:
+                found[alias.asname or alias.name] = (module, alias.name)
+    return found
+
+
+def _names_used(fn: Function) -> set[str]:
+    return {node.id for node in ast.walk(fn) if isinstance(node, ast.Name)}
+
+
+def called_helpers(path: Path) -> list[tuple[Path, str]]:
+    """The project helpers (functions of ``path``'s package) that the functions of ``path``
+    use, directly or through other helpers: (module file, function name), in the order
+    they are first reached."""
+    package = path.parent
+    parsed: dict[Path, ast.Module] = {}
+
+    def tree(module: Path) -> ast.Module:
+        if module not in parsed:
+            parsed[module] = ast.parse(module.read_text())
+        return parsed[module]
+
+    reached: list[tuple[Path, str]] = []
+    todo = [(path, name) for name in _functions(tree(path))]
+    seen = set(todo)
+    while todo:
+        module, name = todo.pop(0)
+        functions, imports = _functions(tree(module)), _package_imports(tree(module), package)
+        for used in sorted(_names_used(functions[name])):
+            target = (module, used) if used in functions else imports.get(used)
+            if target is None or target in seen or target[1] not in _functions(tree(target[0])):
+                continue  # not a function of the package (a class, a constant, the library)
+            seen.add(target)
+            reached.append(target)
+            todo.append(target)
+    return reached
 
 
 def schedule_path(family: str) -> Path:
@@ -97,13 +154,26 @@ def schedule_path(family: str) -> Path:
     return paths.ROOT / SCHEDULES / f"{family}.py"
 
 
-def count_loc(family: str) -> LocCount:
-    """Both counts for the schedule file of ``family``."""
-    path = schedule_path(family)
-    lines, statements, names = count_source(path.read_text())
-    return LocCount(family, path.relative_to(paths.ROOT).as_posix(), lines, statements,
-                    names, PAPER_LOC.get(family))
+def count_file(path: Path, for_pattern: re.Pattern = FOR_WORD):
+    """``(lines, statements, function names, helpers)`` of the schedule file ``path``: its
+    functions and the project helpers they call (:func:`called_helpers`), the helpers named
+    ``"<module>.<function>"``."""
+    lines, statements, names = count_source(path.read_text(), for_pattern)
+    helpers = []
+    for module, name in called_helpers(path):
+        source = module.read_text()
+        counted = _count_function(_functions(ast.parse(source))[name], source.splitlines(),
+                                  for_pattern)
+        lines, statements = lines + counted[0], statements + counted[1]
+        helpers.append(f"{module.stem}.{name}")
+    return lines, statements, names, tuple(helpers)
 
+
+def count_loc(family: str, for_pattern: re.Pattern = FOR_WORD) -> LocCount:
+    """Both counts for the schedule of ``family`` (see the module docstring)."""
+    path = schedule_path(family)
+    return LocCount(family, path.relative_to(paths.ROOT).as_posix(),
+                    *count_file(path, for_pattern), PAPER_LOC.get(family))
 
 
 def count_all() -> list[LocCount]:
@@ -112,9 +182,11 @@ def count_all() -> list[LocCount]:
 
 
 def main() -> None:
-    print(f"{'family':<12} {'lines (artifact rule)':>22} {'statements':>11} {'paper':>6}  file")
+    print(f"{'family':<12} {'lines (artifact rule)':>22} {'statements':>11} {'paper':>6}  "
+          "file and the helpers counted with it")
     for c in count_all():
-        print(f"{c.family:<12} {c.lines:>22} {c.statements:>11} {c.paper or '-':>6}  {c.path}")
+        print(f"{c.family:<12} {c.lines:>22} {c.statements:>11} {c.paper or '-':>6}  {c.path}"
+              + (f" + {', '.join(c.helpers)}" if c.helpers else ""))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,9 @@ def test_t5_counts_encoder_then_decoder_blocks():
 def test_checkpoint_layers_returns_count_and_rejects_bad_ratio():
     model = build_model("bert-tiny")
     sch = slapo.create_schedule(model)
-    assert checkpoint_layers(sch, ["bert.encoder.layer.0", "bert.encoder.layer.1"], 1.0) == 2
+    assert checkpoint_layers([sch["bert.encoder.layer.0"], sch["bert.encoder.layer.1"]], 1.0) == 2
+    with pytest.raises(ValueError, match="ckpt_ratio"):
+        checkpoint_layers([sch["bert.encoder.layer.0"]], -0.5)
     with pytest.raises(ValueError, match="ckpt_ratio"):
         schedule_model(sch, ckpt_ratio=1.5)
     assert torch.is_grad_enabled()

@@ -17,7 +17,14 @@ Two schedules per family, both against the plain eager model:
 import pytest
 import torch
 from distributed import run_ranks
-from sched_helpers import TINY, assert_equal_training, side_by_side, worst
+from sched_helpers import (
+    TINY,
+    assert_equal_training,
+    loss_and_logits,
+    padded_batches,
+    side_by_side,
+    worst,
+)
 
 from slapo.primitives.shard import shard_spec
 from slapo.sharding import gather_sharded
@@ -27,6 +34,24 @@ VARIANTS = {
     "full": dict(tensor_parallel=True, shard_embedding=True, kernel_opt=True, ckpt_ratio=0.5),
     "tp-only": dict(tensor_parallel=True, shard_embedding=False, kernel_opt=False, ckpt_ratio=0.0),
 }
+
+
+# per forward of the tiny models: attention and FFN of each layer (T5: 2 encoder blocks with
+# 2 each, 2 decoder blocks with 3 each); WideResNet's convolutions do not overlap
+OVERLAPS = {"bert": 4, "roberta": 4, "gpt_neo": 4, "opt": 4, "llama": 4, "t5": 10,
+            "wideresnet": 0}
+
+
+def _backward_node_names(loss) -> list[str]:
+    seen, todo, names = set(), [loss.grad_fn], []
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.append(type(fn).__name__)
+        todo += [next_fn for next_fn, _ in fn.next_functions]
+    return names
 
 
 def _facts(family, plain, scheduled):
@@ -42,6 +67,10 @@ def _facts(family, plain, scheduled):
                 facts.setdefault("bn_stats_error", 0.0)
                 facts["bn_stats_error"] = max(facts["bn_stats_error"],
                                               relative_error(full, plain_buf))
+    # the backward all-reduces that overlap column-parallel weight gradients (sync's overlap;
+    # last: this forward changes BatchNorm statistics)
+    loss, _ = loss_and_logits(scheduled, padded_batches(plain.config, steps=1)[0])
+    facts["overlaps"] = _backward_node_names(loss).count("_OverlapBackward")
     return facts
 
 
@@ -67,6 +96,7 @@ def test_tp2_schedule_equals_plain(tp_results, family, variant):
         reports, facts = results[variant, family]
         assert_equal_training(reports, f"{family} {variant} rank {rank}")
         assert facts["sharded"] > 0, f"{family} {variant}: nothing was sharded"
+        assert facts["overlaps"] == OVERLAPS[family], f"{family} {variant}: {facts}"
         if "bn_stats_error" in facts and variant == "tp-only":
             assert facts["bn_stats_error"] <= 1e-5, facts
     print(f"{family} {variant}: {facts['sharded']}/{facts['total']} parameters sharded; "

@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 from distributed import run_ranks
+from sched_helpers import loss_and_logits
 from tiny_modules import (
     AttentionBlock,
     MLPBlock,
@@ -20,7 +21,7 @@ from tiny_modules import (
 )
 
 import slapo
-from slapo.model_schedule.bert import shard_bert
+from slapo.model_schedule import schedule_model
 from slapo.verify import train_side_by_side
 
 TOL = 1e-5
@@ -35,11 +36,6 @@ def _tensor_batches(shape, steps=STEPS):
 def _sum_of_squares(model, batch):
     out = model(batch["x"])
     return (out ** 2).mean(), out
-
-
-def _hf_loss(model, batch):
-    out = model(**batch)
-    return out.loss, out.logits
 
 
 def _side_by_side(make_model, schedule, batches, forward):
@@ -70,7 +66,7 @@ def _bert():
     torch.manual_seed(0)
     plain = BertForMaskedLM(config)
     sch = slapo.create_schedule(copy.deepcopy(plain))
-    shard_bert(sch)
+    schedule_model(sch, kernel_opt=False)  # TP with the vocabulary-parallel loss
     scheduled = slapo.build_module(sch)
     emb = scheduled.bert.embeddings.word_embeddings.weight
     facts = {
@@ -79,7 +75,7 @@ def _bert():
         "local_qkv": scheduled.bert.encoder.layer[0].attention.self.query.weight.shape[0],
     }
     batches = [bert_batch(config, step) for step in range(STEPS)]
-    return facts, train_side_by_side(plain, scheduled, batches, _hf_loss)
+    return facts, train_side_by_side(plain, scheduled, batches, loss_and_logits)
 
 
 @pytest.fixture(scope="module")
