@@ -34,7 +34,7 @@ ROW_PARALLEL_FORWARD = "_slapo_row_parallel_forward"  # True: the forward syncs,
 CHECKPOINTED = "_slapo_checkpointed"  # True: the forward is wrapped in torch checkpointing
 # Written by hooks.post_chain (sync "fwd_post", shard's deferred bias); read by the forward
 # hook that post_chain registers with it.
-POST_CHAIN = "_slapo_post_chain"  # functions applied, in order, to the module's output
+POST_CHAIN = "_slapo_post_chain"  # output hooks run, in order, after the forward
 # Written by hooks.defer_bias (shard of a row-parallel Linear/Conv); read by the same hook.
 DEFERRED_BIAS = "_slapo_deferred_bias"  # True: the hook adds ``bias`` after the chain
 

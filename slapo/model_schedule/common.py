@@ -110,7 +110,7 @@ def shard_vocab(sch, embeddings: list[str], head: str, loss: str | None) -> None
     sch[head].shard("weight", axis=0)
     sch[head].sync("bwd_post", "all_reduce")
     if loss is None:
-        sch[head].sync("fwd_post", "all_gather", axis=-1)
+        sch[head].sync("fwd_post", "all_gather", axis=-1, tensor_parallel_output_grad=False)
     else:
         vocab_parallel_loss(sch, loss)
 
