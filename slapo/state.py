@@ -46,6 +46,10 @@ DEFERS_WEIGHT_GRAD = "_slapo_defers_weight_grad"  # True: the forward may defer 
 # the module its full padding row back while it initialises the full-size weight.
 FULL_PADDING_IDX = "_slapo_full_padding_idx"  # the padding_idx before sharding
 
+# Written by pipeline.generate_pipeline_partition on the module it puts at the schedule
+# root; read by pipeline.split_stages, which then takes its children as the stages.
+PIPELINE_PARTITION = "_slapo_pipeline_partition"  # True: the children submod_<k> are stages
+
 # --- marks of tensors ----------------------------------------------------------------------
 # Written by sharding.overlap.overlap_input on the module input it returns; read by the
 # forward of the linears it lists (defer_weight_grad).
@@ -141,6 +145,14 @@ def full_padding_idx(mod: Any) -> int | None:
 
 def set_full_padding_idx(mod: Any, padding_idx: int) -> None:
     mod.__dict__[FULL_PADDING_IDX] = padding_idx
+
+
+def is_pipeline_partition(mod: Any) -> bool:
+    return bool(mod.__dict__.get(PIPELINE_PARTITION))
+
+
+def mark_pipeline_partition(mod: Any) -> None:
+    mod.__dict__[PIPELINE_PARTITION] = True
 
 
 # Tensor marks: a plain attribute of the tensor object (views and copies start without it).

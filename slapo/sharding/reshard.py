@@ -17,20 +17,17 @@ Each change of layout is one autograd collective, with its adjoint as the backwa
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from .collectives import all_gather_forward, all_to_all_forward, scatter_forward
 
 LAYOUTS = ("RR", "RS", "SR")
 RESHARD_SCHEMES = tuple(f"{src}->{dst}" for src in LAYOUTS for dst in LAYOUTS)
-_SCHEME = re.compile(r"[RS]{2}->[RS]{2}")
 
 
 def is_reshard_scheme(op) -> bool:
-    """Whether ``op`` is written as a resharding (``"XY->XY"`` with X, Y in R, S)."""
-    return isinstance(op, str) and _SCHEME.fullmatch(op) is not None
+    """Whether ``op`` names a resharding, ``"<layout>-><layout>"`` (RR, RS or SR each)."""
+    return isinstance(op, str) and op in RESHARD_SCHEMES
 
 
 def _sharded_axis(layout: str) -> int | None:

@@ -14,7 +14,7 @@ from .collectives import (
     reduce_scatter_forward,
     scatter_forward,
 )
-from .reshard import RESHARD_SCHEMES, is_reshard_scheme, reshard
+from .reshard import is_reshard_scheme, reshard
 
 FORWARD_OPS = ("all_reduce", "all_gather", "reduce_scatter", "scatter")
 
@@ -25,7 +25,8 @@ def is_forward_op(op) -> bool:
 
 
 def describe_forward_ops() -> str:
-    return f"{', '.join(FORWARD_OPS)}, a resharding such as {', '.join(RESHARD_SCHEMES[1:3])}"
+    return f"{', '.join(FORWARD_OPS)}, a resharding '<layout>-><layout>' (RR, RS or SR: axis -2 " \
+           "then -1, R replicated, S sharded; SS is not supported)"
 
 
 def apply_forward_op(op: str | Callable, x: torch.Tensor, group=None, axis: int = 0,
