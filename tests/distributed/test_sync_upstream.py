@@ -1,7 +1,8 @@
 """Upstream Slapo's sync ops on 2 gloo ranks: each resharding scheme and the scatter give
 the expected layout and, in the backward, the gradient of the plain computation; a
 sequence-parallel MLP with ``tensor_parallel_output_grad`` trains like the plain one (and
-with the flag off its input gradient is wrong); hooks in upstream's form shard an MLP."""
+with the flag off its input gradient is wrong); MLPs resharded through ``sync`` (upstream's
+schemes) and one synced by hooks in upstream's form train like the plain one."""
 
 import copy
 
@@ -82,6 +83,33 @@ def _sequence_parallel(sch, tensor_parallel_output_grad=True):
     sch.sync("fwd_post", "all_gather", axis=1, tensor_parallel_output_grad=False)
 
 
+def _through_sequence_layout(sch):
+    """Upstream's MLP schemes: fc1's hidden-sharded output (RS) to the sequence layout and
+    back, the second change before fc2 (fwd_pre); fc2 row parallel."""
+    sch["fc1"].shard(["weight", "bias"], axis=0)
+    sch["fc1"].sync("bwd_post", "all_reduce")
+    sch["fc1"].sync("fwd_post", "RS->SR")
+    sch["fc2"].sync("fwd_pre", "SR->RS")
+    sch["fc2"].shard("weight", axis=1)
+    sch["fc2"].sync("fwd_post", "all_reduce")
+
+
+def _gathered_after_each(sch):
+    """Both linears column parallel, each output gathered (RS->RR); fc2 reads a replicated
+    input, so its input gradient is all-reduced before the gather's backward slices it."""
+    for name in ("fc1", "fc2"):
+        sch[name].shard(["weight", "bias"], axis=0)
+        sch[name].sync("bwd_post", "all_reduce")
+        sch[name].sync("fwd_post", "RS->RR")
+
+
+def _scattered_into_row_parallel(sch):
+    """fc1 replicated, its output scattered (RR->RS) into the row-parallel fc2."""
+    sch["fc1"].sync("fwd_post", "RR->RS")
+    sch["fc2"].shard("weight", axis=1)
+    sch["fc2"].sync("fwd_post", "all_reduce")
+
+
 def _upstream_hooks(sch):
     """Megatron's MLP with upstream-form hooks instead of named ops."""
     def allreduce_input_grad(module, grad_input, grad_output):
@@ -134,6 +162,9 @@ def _train(schedule, out_bias=True, steps=2):
 def _run_models():
     return {"sequence parallel": _train(_sequence_parallel, out_bias=False),
             "flag off": _train(lambda sch: _sequence_parallel(sch, False), out_bias=False),
+            "RS->SR->RS": _train(_through_sequence_layout),
+            "RS->RR": _train(_gathered_after_each),
+            "RR->RS": _train(_scattered_into_row_parallel),
             "upstream hooks": _train(_upstream_hooks)}
 
 
@@ -142,7 +173,8 @@ def model_results():
     return run_ranks(_run_models)
 
 
-@pytest.mark.parametrize("name", ["sequence parallel", "upstream hooks"])
+@pytest.mark.parametrize("name", ["sequence parallel", "RS->SR->RS", "RS->RR", "RR->RS",
+                                  "upstream hooks"])
 def test_scheduled_mlp_trains_like_the_plain_one(model_results, name):
     for results in model_results:
         for step, report in enumerate(results[name]):
