@@ -184,7 +184,7 @@ def all_reduce_backward(x, group=None):
     return _AllReduceBackward.apply(x, group)
 
 
-def all_gather_forward(x, axis=0, group=None, tensor_parallel_output_grad=True):
+def all_gather_forward(x, axis=-1, group=None, tensor_parallel_output_grad=True):
     """Concatenate the ranks' tensors along ``axis``. The backward reduce-scatters the
     gradient when the gathered tensor feeds a sharded computation
     (``tensor_parallel_output_grad=True``, upstream Slapo's default: Megatron-LM's sequence
