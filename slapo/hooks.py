@@ -42,9 +42,11 @@ def map_first_input(args: tuple, kwargs: dict, fn: Callable) -> tuple[tuple, dic
     raise TypeError("the module was called without a tensor argument")
 
 
-def post_chain(module: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]]:
-    """The ordered list of functions applied to a module's output after its forward.
+def post_chain(module: nn.Module) -> list[Callable]:
+    """The ordered list of output hooks run after a module's forward.
 
+    Each entry is called as a forward hook, ``hook(module, args, output)``, and returns the
+    new output (or None to keep it); ``on_first_tensor(fn)`` makes one from a tensor function.
     One forward hook runs the whole chain, then adds a bias that sharding deferred (the bias of
     a row-parallel layer must be added once, after the partial outputs are reduced).
     """
@@ -56,6 +58,11 @@ def post_chain(module: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]
     return chain
 
 
+def on_first_tensor(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    """An output hook for ``post_chain`` that applies ``fn`` to the output's first tensor."""
+    return lambda module, args, output: map_first_tensor(output, fn)
+
+
 def defer_bias(module: nn.Module) -> None:
     """Add ``module.bias`` after the post chain instead of inside the forward."""
     post_chain(module)
@@ -63,8 +70,9 @@ def defer_bias(module: nn.Module) -> None:
 
 
 def _run_post_chain(module: nn.Module, args, output):
-    for fn in state.post_chain_of(module):
-        output = map_first_tensor(output, fn)
+    for hook in state.post_chain_of(module):
+        result = hook(module, args, output)
+        output = output if result is None else result
     if state.has_deferred_bias(module) and module.bias is not None:
         bias = module.bias
         output = map_first_tensor(output, lambda t: t + _channel_view(bias, module, t))

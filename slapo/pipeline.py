@@ -9,6 +9,9 @@ then every node goes to the stage of the last cut before it. Stage k takes the v
 earlier stages produced and later ones use (stage 0: the model's inputs), in graph order, and
 returns those that later stages use; the last stage returns the model's output. Parameters
 and modules stay under their original names in each stage's module.
+
+``generate_pipeline_partition`` is upstream Slapo's form of the same split: the schedule root
+becomes one module whose children ``submod_0`` ... are the stages, called in turn.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def split_stages(sch) -> list[fx.GraphModule]:
     one after another (``out = stage(*out)``) computes what the model computes."""
     root = sch.root
     gm = root.mod
+    if state.is_pipeline_partition(gm):  # generate_pipeline_partition has split it already
+        return list(gm.children())
     if not isinstance(gm, fx.GraphModule):
         raise ValueError(f"a pipeline needs the traced model: call trace() on the schedule root "
                          f"({type(gm).__name__}) before build(target='pipeline')")
@@ -183,6 +188,44 @@ def _check_parameters_in_one_stage(stages: list[fx.GraphModule]) -> None:
             names = ", ".join(f"'{name}' (stage {k})" for k, name in sorted(where.items()))
             raise ValueError(f"one parameter is used by several stages: {names}; a parameter "
                              "must live in one stage (untie shared weights or move the cut)")
+
+
+def generate_pipeline_partition(sch):
+    """Upstream Slapo's pipeline partition: split the traced root ``sch`` at its cuts (as
+    ``split_stages``) and make the root's module a GraphModule whose children
+    ``submod_0``, ``submod_1``, ... are the stage modules, its forward calling them in turn
+    (stage k's outputs are stage k+1's inputs). The model computes what it computed; each
+    node of the new schedule tree carries ``partition_idx``, the stage it belongs to.
+    Returns ``sch``. ``build(sch, target="pipeline")`` takes a partitioned schedule as well.
+    """
+    if sch.parent is not None:
+        raise ValueError(f"generate_pipeline_partition takes the schedule root, not "
+                         f"'{sch.path}'")
+    if state.is_pipeline_partition(sch.mod):
+        raise ValueError("the schedule is already partitioned into pipeline stages")
+    stages = split_stages(sch)
+    top = _chain_stages(sch.mod, stages)
+    sch.replace(top)
+    state.mark_pipeline_partition(top)
+    for index, child in enumerate(sch.child.values()):
+        for _, node in child.named_schedules():
+            node.partition_idx = index
+    return sch
+
+
+def _chain_stages(gm: fx.GraphModule, stages: list[fx.GraphModule]) -> fx.GraphModule:
+    """One GraphModule with the model's inputs that runs ``stages`` one after another."""
+    graph = fx.Graph()
+    values = [graph.node_copy(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    for k in range(len(stages)):
+        out = graph.call_module(f"submod_{k}", tuple(values))
+        if k + 1 < len(stages):  # a middle stage returns the tuple of the next one's inputs
+            inputs = sum(n.op == "placeholder" for n in stages[k + 1].graph.nodes)
+            values = [graph.call_function(operator.getitem, (out, i)) for i in range(inputs)]
+    graph.output(out)
+    graph.lint()
+    children = {f"submod_{k}": stage for k, stage in enumerate(stages)}
+    return fx.GraphModule(children, graph, class_name="PipelinePartition")
 
 
 # --- building for torch.distributed.pipelining ------------------------------------------

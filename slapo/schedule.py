@@ -10,13 +10,38 @@ from __future__ import annotations
 
 import difflib
 import types
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 from torch import nn
 
+from . import state
 from .primitives import get_primitive
+from .primitives.shard import shard_spec
 from .sharding import world_size
+
+
+@dataclass(frozen=True)
+class ScheduleMetadata:
+    """Upstream Slapo's ``sch.metadata``, in its shape, read from the state slapo keeps.
+
+    Attributes:
+        tie_weights: every parameter the model holds in more than one place, mapped to
+            itself (upstream maps the parameter before sharding to the one after; here the
+            sharded parameter replaces the original everywhere, so both are the same). The
+            same for every node: the analysis is the whole model's.
+        primitives: by primitive name, as upstream: ``"shard"``, this module's own sharded
+            parameters to their axis; ``"cut_pipeline_stage"``, the paths of the modules
+            whose children end a pipeline stage (upstream's cutting levels), this node's and
+            those below it, to True, in cut order.
+
+    A snapshot, read-only: the primitives change the state, not this view.
+    """
+    tie_weights: Mapping[nn.Parameter, nn.Parameter]
+    primitives: Mapping[str, Mapping[str, Any]]
 
 
 class Schedule:
@@ -87,6 +112,28 @@ class Schedule:
     @property
     def rank(self) -> int:
         return dist.get_rank(self.group) if dist.is_initialized() else 0
+
+    @property
+    def metadata(self) -> ScheduleMetadata:
+        """Upstream Slapo's metadata of this node (``ScheduleMetadata``), computed from the
+        model and the schedule's state each time it is read."""
+        root = self.root
+        tied = OrderedDict()
+        for module in root.mod.modules():
+            for param in module._parameters.values():
+                if param is not None and len(self.param_owners(param)) > 1:
+                    tied[param] = param
+        shard = OrderedDict((name, spec.axis) for name, param in self.mod._parameters.items()
+                            if param is not None and (spec := shard_spec(param)) is not None)
+        levels = OrderedDict()
+        for cut in state.pipeline_cuts(root):
+            level = cut.rpartition(".")[0]
+            if not self.path or level == self.path or level.startswith(self.path + "."):
+                levels[level] = True
+        primitives = {"shard": types.MappingProxyType(shard),
+                      "cut_pipeline_stage": types.MappingProxyType(levels)}
+        return ScheduleMetadata(types.MappingProxyType(tied),
+                                types.MappingProxyType(primitives))
 
     # --- lookup -------------------------------------------------------------------------
     def __getitem__(self, path: str) -> Schedule:

@@ -34,7 +34,7 @@ ROW_PARALLEL_FORWARD = "_slapo_row_parallel_forward"  # True: the forward syncs,
 CHECKPOINTED = "_slapo_checkpointed"  # True: the forward is wrapped in torch checkpointing
 # Written by hooks.post_chain (sync "fwd_post", shard's deferred bias); read by the forward
 # hook that post_chain registers with it.
-POST_CHAIN = "_slapo_post_chain"  # functions applied, in order, to the module's output
+POST_CHAIN = "_slapo_post_chain"  # output hooks run, in order, after the forward
 # Written by hooks.defer_bias (shard of a row-parallel Linear/Conv); read by the same hook.
 DEFERRED_BIAS = "_slapo_deferred_bias"  # True: the hook adds ``bias`` after the chain
 
@@ -45,6 +45,10 @@ DEFERS_WEIGHT_GRAD = "_slapo_defers_weight_grad"  # True: the forward may defer 
 # Written by shard (vocabulary-parallel nn.Embedding); read by build.initialize, which gives
 # the module its full padding row back while it initialises the full-size weight.
 FULL_PADDING_IDX = "_slapo_full_padding_idx"  # the padding_idx before sharding
+
+# Written by pipeline.generate_pipeline_partition on the module it puts at the schedule
+# root; read by pipeline.split_stages, which then takes its children as the stages.
+PIPELINE_PARTITION = "_slapo_pipeline_partition"  # True: the children submod_<k> are stages
 
 # --- marks of tensors ----------------------------------------------------------------------
 # Written by sharding.overlap.overlap_input on the module input it returns; read by the
@@ -141,6 +145,14 @@ def full_padding_idx(mod: Any) -> int | None:
 
 def set_full_padding_idx(mod: Any, padding_idx: int) -> None:
     mod.__dict__[FULL_PADDING_IDX] = padding_idx
+
+
+def is_pipeline_partition(mod: Any) -> bool:
+    return bool(mod.__dict__.get(PIPELINE_PARTITION))
+
+
+def mark_pipeline_partition(mod: Any) -> None:
+    mod.__dict__[PIPELINE_PARTITION] = True
 
 
 # Tensor marks: a plain attribute of the tensor object (views and copies start without it).

@@ -177,7 +177,8 @@ class Verify(contextlib.ContextDecorator):
         out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
         logits = _main_output(out)
         if reference is not None and logits.shape != reference.shape:
-            logits = all_gather_forward(logits, -1, group)  # vocabulary-sharded output
+            # vocabulary-sharded output; the loss below is the same on every rank
+            logits = all_gather_forward(logits, -1, group, tensor_parallel_output_grad=False)
         if self.loss_fn is not None:
             loss = self.loss_fn(logits, self.targets)
         else:

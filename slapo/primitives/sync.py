@@ -1,20 +1,30 @@
-"""sync: insert a collective at a point of a module's forward or backward."""
+"""sync: insert a collective, a resharding or a hook at a point of a module's forward or
+backward."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
-from ..hooks import map_first_input, post_chain
-from ..sharding.collectives import FORWARD_OPS, apply_backward_op, apply_forward_op
+from ..hooks import map_first_input, on_first_tensor, post_chain
 from ..sharding.overlap import defer_weight_grad, overlap_input, supports_overlap
+from ..sharding.sync_ops import (
+    apply_backward_op,
+    apply_forward_op,
+    describe_forward_ops,
+    is_forward_op,
+)
 from . import register_primitive
 
 SYNC_MODES = ("fwd_pre", "fwd_post", "bwd_post")
+# upstream Slapo's hook form of a callable: the arguments torch passes to each kind of hook
+HOOK_ARGUMENTS = {"fwd_pre": "(module, input)", "fwd_post": "(module, input, output)",
+                  "bwd_post": "(module, grad_input, grad_output)"}
 
 
 @register_primitive()
 def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduce",
-         axis: int | None = None, overlap: list[str] = ()) -> None:
+         axis: int = 0, overlap: list[str] = (), tensor_parallel_output_grad: bool = True) -> None:
     """Synchronise across the schedule's group at one point of this module.
 
     ``mode``:
@@ -22,11 +32,25 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
       - ``"fwd_post"``: on the module's (first) output, after its forward;
       - ``"bwd_post"``: on the gradient of the module's first tensor input, after its backward.
 
-    ``sync_op_or_fn``: ``"all_reduce"``, ``"all_gather"`` or ``"reduce_scatter"`` (forward
-    modes; the last two along ``axis``, default -1 and 0), or a callable ``tensor -> tensor``.
-    Forward collectives carry their adjoint into the backward (all-reduce: identity,
-    all-gather: this rank's slice, reduce-scatter: all-gather), which is what a loss computed
-    identically on every rank needs. A backward sync takes ``"all_reduce"`` or a callable.
+    ``sync_op_or_fn`` in the forward modes: ``"all_reduce"``, ``"all_gather"``,
+    ``"reduce_scatter"`` or ``"scatter"`` (keep this rank's slice), the last three along
+    ``axis`` (default 0, as upstream Slapo); a resharding of the last two axes such as
+    ``"RS->SR"`` (``slapo.sharding.reshard``: R replicated, S sharded, axis -2 then -1); or
+    a callable. Forward ops carry their adjoint into the backward (all-reduce: identity,
+    reduce-scatter and scatter: all-gather); that is what a loss computed identically on every
+    rank needs. An all-gather's backward depends on what reads the gathered tensor:
+    ``tensor_parallel_output_grad=True`` (the default, as upstream) when a sharded computation
+    does, such as a column-parallel linear after sequence parallelism, each rank holding a
+    partial gradient (reduce-scatter); ``False`` when a replicated one does, such as full
+    logits and the loss (keep this rank's slice). A backward sync takes ``"all_reduce"`` or
+    a callable.
+
+    A callable is either a tensor function (one argument: the tensor at that point, returns
+    the new tensor; in ``bwd_post`` the gradient) or a hook in upstream Slapo's form, taking
+    what torch passes to the hook of that mode: ``fn(module, input)`` (``input`` the tuple of
+    positional arguments; returns new arguments or None), ``fn(module, input, output)``
+    (returns a new output or None), ``fn(module, grad_input, grad_output)`` (a full backward
+    hook: returns new input gradients or None).
 
     ``overlap`` (a ``bwd_post`` all-reduce only): the column-parallel linears below this module
     (paths relative to it, ``""`` for the module itself) that read its first input. Their
@@ -40,27 +64,43 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
         attn["self"].sync("bwd_post", "all_reduce",                # input grad of column-
                           overlap=["query", "key", "value"])      # parallel Q, K, V
         attn["output.dense"].sync("fwd_post", "all_reduce")  # partial sums of row-parallel out
+
+    Example (an MLP between two layouts)::
+
+        sch["fc1"].shard(["weight", "bias"], axis=0)     # output RS: my hidden features
+        sch["fc1"].sync("fwd_post", "RS->SR")             # now my rows of the sequence
+        sch["fc2"].sync("fwd_post", "SR->RR")             # the whole output on every rank
     """
     where = sch.path or "<root>"
     if mode not in SYNC_MODES:
         raise ValueError(f"unknown sync mode '{mode}' at '{where}'; expected one of {SYNC_MODES}")
-    if not callable(sync_op_or_fn) and sync_op_or_fn not in FORWARD_OPS:
+    if callable(sync_op_or_fn):
+        if _is_hook(sync_op_or_fn, mode, where):
+            _register_hook(sch.mod, mode, sync_op_or_fn)
+            return
+    elif not is_forward_op(sync_op_or_fn):
         raise ValueError(f"unknown sync op '{sync_op_or_fn}' at '{where}'; expected one of "
-                         f"{FORWARD_OPS} or a callable")
-    if mode == "bwd_post" and not callable(sync_op_or_fn) and sync_op_or_fn != "all_reduce":
+                         f"{describe_forward_ops()}, or a callable")
+    elif mode == "bwd_post" and sync_op_or_fn != "all_reduce":
         raise ValueError(f"sync op '{sync_op_or_fn}' at '{where}' changes the gradient's shape; "
                          "a bwd_post sync takes 'all_reduce' or a callable")
+    if not tensor_parallel_output_grad and sync_op_or_fn != "all_gather":
+        raise ValueError(f"sync at '{where}': tensor_parallel_output_grad applies to "
+                         f"'all_gather' only, not to {sync_op_or_fn!r}")
     if overlap and (mode != "bwd_post" or sync_op_or_fn != "all_reduce"):
         raise ValueError(f"sync at '{where}': overlap applies to a bwd_post all_reduce only")
     linears = [_overlappable(sch, path) for path in overlap]
     group = sch.group
+
+    def forward_op(x):
+        return apply_forward_op(sync_op_or_fn, x, group, axis, tensor_parallel_output_grad)
+
     if mode == "fwd_post":
-        post_chain(sch.mod).append(lambda x: apply_forward_op(sync_op_or_fn, x, group, axis))
+        post_chain(sch.mod).append(on_first_tensor(forward_op))
         return
     # the other modes act on the first input: in the forward, or on its gradient
     if mode == "fwd_pre":
-        def fn(x):
-            return apply_forward_op(sync_op_or_fn, x, group, axis)
+        fn = forward_op
     elif linears:
         for mod in linears:
             defer_weight_grad(mod)
@@ -72,6 +112,35 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
             return apply_backward_op(sync_op_or_fn, x, group)
     sch.mod.register_forward_pre_hook(
         lambda mod, args, kwargs: map_first_input(args, kwargs, fn), with_kwargs=True)
+
+
+def _is_hook(fn: Callable, mode: str, where: str) -> bool:
+    """True for a hook in upstream's form, False for a tensor function (one argument)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False  # no signature to read (a builtin): taken as a tensor function
+    positional = [p for p in params
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) == 1:
+        return False
+    takes = HOOK_ARGUMENTS[mode].count(",") + 1
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    if len(required) <= takes and (len(positional) >= takes or varargs):
+        return True
+    raise TypeError(f"sync at '{where}': a callable sync_op_or_fn takes one tensor, or the "
+                    f"arguments of a {mode} hook {HOOK_ARGUMENTS[mode]}; "
+                    f"{getattr(fn, '__qualname__', fn)!s}{inspect.signature(fn)} takes neither")
+
+
+def _register_hook(mod, mode: str, hook: Callable) -> None:
+    if mode == "fwd_pre":
+        mod.register_forward_pre_hook(hook)
+    elif mode == "fwd_post":
+        post_chain(mod).append(hook)  # before a bias that sharding deferred, as a sync op
+    else:
+        mod.register_full_backward_hook(hook)
 
 
 def _overlappable(sch, path: str):

@@ -1,15 +1,18 @@
 """Autograd-aware collectives for tensor parallelism (Megatron-LM's f/g operators).
 
 Each forward collective has the backward that makes a replicated loss correct: the adjoint
-of a forward all-reduce is the identity, of an all-gather the local slice, of a
-reduce-scatter an all-gather. ``all_reduce_backward`` is the identity in the forward and an
-all-reduce of the gradient in the backward (the input side of a column-parallel layer).
+of a forward all-reduce is the identity, of a reduce-scatter an all-gather, of a scatter
+(keep this rank's slice) an all-gather, of an all-to-all the inverse all-to-all. The
+adjoint of an all-gather depends on what consumes the gathered tensor
+(``tensor_parallel_output_grad``, as upstream Slapo and Megatron-LM): a sharded computation
+leaves each rank a partial gradient of the whole tensor, so the backward reduce-scatters; a
+replicated one leaves every rank the same gradient, so the backward keeps this rank's
+slice. ``all_reduce_backward`` is the identity in the forward and an all-reduce of the
+gradient in the backward (the input side of a column-parallel layer).
 All of them work on gloo (CPU) and NCCL (CUDA); with world size 1 they are identities.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -64,6 +67,26 @@ def _reduce_scatter(x: torch.Tensor, axis: int, group) -> torch.Tensor:
     return out
 
 
+def _all_to_all(x: torch.Tensor, split_axis: int, cat_axis: int, group) -> torch.Tensor:
+    """Chunk ``j`` of ``x`` along ``split_axis`` goes to rank ``j``; the chunks received are
+    concatenated along ``cat_axis`` in rank order."""
+    world = world_size(group)
+    if world == 1:
+        return x
+    sends = [c.contiguous() for c in x.chunk(world, dim=split_axis)]
+    receives = [torch.empty_like(sends[0]) for _ in range(world)]
+    dist.all_to_all(receives, sends, group=group)
+    return torch.cat(receives, dim=cat_axis)
+
+
+def check_divisible(x: torch.Tensor, axis: int, group, what: str) -> None:
+    """Raise a ValueError unless ``x``'s axis ``axis`` splits evenly over ``group``."""
+    world = world_size(group)
+    if x.shape[axis] % world:
+        raise ValueError(f"{what}: axis {axis} of a tensor of shape {tuple(x.shape)} has "
+                         f"{x.shape[axis]} elements, not divisible by {world} ranks")
+
+
 class _AllReduceForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -87,13 +110,39 @@ class _AllReduceBackward(torch.autograd.Function):
 
 class _AllGatherForward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, axis, group):
+    def forward(ctx, x, axis, group, tensor_parallel_output_grad):
         ctx.axis, ctx.group = axis, group
+        ctx.tensor_parallel_output_grad = tensor_parallel_output_grad
         return _all_gather(x, axis, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return shard_slice(grad, ctx.axis, ctx.group), None, None
+        if ctx.tensor_parallel_output_grad:  # each rank holds a partial gradient: sum them
+            return _reduce_scatter(grad, ctx.axis, ctx.group), None, None, None
+        return shard_slice(grad, ctx.axis, ctx.group), None, None, None
+
+
+class _ScatterForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis, group):
+        ctx.axis, ctx.group = axis, group
+        return shard_slice(x, axis, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather(grad, ctx.axis, ctx.group), None, None
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, split_axis, cat_axis, group):
+        ctx.split_axis, ctx.cat_axis, ctx.group = split_axis, cat_axis, group
+        return _all_to_all(x, split_axis, cat_axis, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # a permutation of the elements among ranks: its adjoint is the inverse permutation
+        return _all_to_all(grad, ctx.cat_axis, ctx.split_axis, ctx.group), None, None, None
 
 
 class _ReduceScatterForward(torch.autograd.Function):
@@ -120,6 +169,11 @@ class _BackwardOnly(torch.autograd.Function):
         return ctx.fn(grad), None
 
 
+def backward_only(x, fn):
+    """Identity in the forward; ``fn(gradient)`` in the backward (same shape)."""
+    return _BackwardOnly.apply(x, fn)
+
+
 def all_reduce_forward(x, group=None):
     """Sum over ranks in the forward; identity in the backward."""
     return _AllReduceForward.apply(x, group)
@@ -130,46 +184,34 @@ def all_reduce_backward(x, group=None):
     return _AllReduceBackward.apply(x, group)
 
 
-def all_gather_forward(x, axis=-1, group=None):
-    """Concatenate the ranks' tensors along ``axis``; the backward keeps this rank's slice."""
-    return _AllGatherForward.apply(x, axis, group)
+def all_gather_forward(x, axis=-1, group=None, tensor_parallel_output_grad=True):
+    """Concatenate the ranks' tensors along ``axis``. The backward reduce-scatters the
+    gradient when the gathered tensor feeds a sharded computation
+    (``tensor_parallel_output_grad=True``, upstream Slapo's default: Megatron-LM's sequence
+    parallelism before a column-parallel layer), and keeps this rank's slice of it when it
+    feeds a replicated one (``False``: for example full logits and a loss on every rank)."""
+    return _AllGatherForward.apply(x, axis, group, tensor_parallel_output_grad)
+
+
+def scatter_forward(x, axis=0, group=None):
+    """Keep this rank's slice of a replicated ``x`` along ``axis``; the backward all-gathers
+    the slices' gradients into the gradient of the whole tensor."""
+    check_divisible(x, axis, group, "scatter")
+    return _ScatterForward.apply(x, axis, group)
+
+
+def all_to_all_forward(x, split_axis, cat_axis, group=None):
+    """Re-shard ``x`` from ``cat_axis`` to ``split_axis``: send chunk ``j`` along
+    ``split_axis`` to rank ``j`` and concatenate what arrives along ``cat_axis``. The backward
+    is the inverse all-to-all."""
+    check_divisible(x, split_axis, group, "all-to-all")
+    return _AllToAll.apply(x, split_axis, cat_axis, group)
 
 
 def reduce_scatter_forward(x, axis=0, group=None):
     """Sum over ranks and keep this rank's slice along ``axis``; the backward all-gathers."""
+    check_divisible(x, axis, group, "reduce-scatter")
     return _ReduceScatterForward.apply(x, axis, group)
-
-
-FORWARD_OPS = ("all_reduce", "all_gather", "reduce_scatter")
-
-
-def apply_forward_op(op: str | Callable, x: torch.Tensor, group=None, axis: int | None = None):
-    """Apply a named forward collective (with its adjoint backward) or a callable to ``x``."""
-    if callable(op):
-        return op(x)
-    if op == "all_reduce":
-        return all_reduce_forward(x, group)
-    if op == "all_gather":
-        return all_gather_forward(x, -1 if axis is None else axis, group)
-    if op == "reduce_scatter":
-        return reduce_scatter_forward(x, 0 if axis is None else axis, group)
-    raise ValueError(f"unknown sync op '{op}'; expected one of {FORWARD_OPS} or a callable")
-
-
-def apply_backward_op(op: str | Callable, x: torch.Tensor, group=None):
-    """Identity on ``x`` whose gradient is all-reduced over ``group`` or passed to a callable.
-
-    Only shape-preserving operations are allowed on a gradient, so all-gather and
-    reduce-scatter are refused here.
-    """
-    if op == "all_reduce":
-        return all_reduce_backward(x, group)
-    if callable(op):
-        return _BackwardOnly.apply(x, op)
-    if op in FORWARD_OPS:
-        raise ValueError(f"sync op '{op}' changes the gradient's shape; a backward sync takes "
-                         "'all_reduce' or a callable")
-    raise ValueError(f"unknown sync op '{op}'; expected one of {FORWARD_OPS} or a callable")
 
 
 def gather_sharded(x: torch.Tensor, axis: int, group=None) -> torch.Tensor:

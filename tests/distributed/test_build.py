@@ -44,7 +44,7 @@ def _schedule(model):
     sch["up"].sync("bwd_post", "all_reduce")
     sch["down"].shard("weight", axis=1)
     sch["down"].sync("fwd_post", "all_reduce")
-    sch["head"].sync("fwd_post", "all_gather", axis=-1)
+    sch["head"].sync("fwd_post", "all_gather", axis=-1, tensor_parallel_output_grad=False)
     return sch
 
 

@@ -112,7 +112,7 @@ def _schedule(model):
     sch = slapo.create_schedule(model)
     sch["proj"].annotate("weight", "tp", "column")
     sch["proj"].shard("weight", axis=0)
-    sch["proj"].sync("fwd_post", "all_gather", axis=-1)
+    sch["proj"].sync("fwd_post", "all_gather", axis=-1, tensor_parallel_output_grad=False)
     return slapo.build_module(sch, init_weights=_init, device="cpu")
 
 

@@ -35,7 +35,8 @@ def _batches():
 
 def _schedule_hidden_sharded(sch):
     sch["embed"].shard("weight", axis=1)               # hidden features split across ranks
-    sch["embed"].sync("fwd_post", "all_gather", axis=-1)
+    sch["embed"].sync("fwd_post", "all_gather", axis=-1,
+                      tensor_parallel_output_grad=False)  # a replicated proj reads it
 
 
 def _schedule_vocab_sharded_reduce_scatter(sch):

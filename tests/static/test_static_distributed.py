@@ -2,7 +2,8 @@
 
 - pipeline: a BERT MLM traced whole and cut after layer 1 trains in two stages with
   ``torch.distributed.pipelining`` (``ScheduleGPipe``, 2 microbatches) with the same losses and
-  gradients as one process over 3 SGD steps;
+  gradients as one process over 3 SGD steps, and so does the same model partitioned first
+  with upstream's ``generate_pipeline_partition``;
 - tensor parallelism after ``decompose``: a BERT FFN with decomposed Linears (column-parallel
   first, row-parallel second) and a fused bias+GeLU trains like the plain FFN;
 - tracing after tensor parallelism: a sharded BERT layer, traced, trains like the plain one.
@@ -35,11 +36,14 @@ from static_models import (
 from torch import nn
 
 import slapo
+from slapo.pipeline import generate_pipeline_partition
 from slapo.verify import relative_error, train_side_by_side
 
 
-def _pipeline():
+def _pipeline(partition_first=False):
     sch = pipeline_schedule(pipeline_model())
+    if partition_first:  # upstream's spelling: the root made of its stages, then built
+        generate_pipeline_partition(sch)
     pipe, _ = slapo.build(sch, target="pipeline", init_weights=False, n_microbatches=2,
                           loss_fn=pipeline_loss)
     opt = torch.optim.SGD(pipe.module.parameters(), lr=0.1)
@@ -111,7 +115,8 @@ def _sharded_then_traced_layer():
 
 
 def _both():
-    return {"pipeline": _pipeline(), "tp": _tensor_parallel_ffn(),
+    return {"pipeline": _pipeline(), "partitioned": _pipeline(partition_first=True),
+            "tp": _tensor_parallel_ffn(),
             "tp_then_trace": _sharded_then_traced_layer()}
 
 
@@ -120,20 +125,22 @@ def ranks():
     return run_ranks(_both)
 
 
-def test_two_stage_pipeline_trains_like_one_process(ranks):
+@pytest.mark.parametrize("run", ["pipeline", "partitioned"])
+def test_two_stage_pipeline_trains_like_one_process(ranks, run):
     model = pipeline_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert [r["pipeline"]["stage"] for r in ranks] == [0, 1]
-    assert ranks[0]["pipeline"]["schedule"] == "ScheduleGPipe"
+    ranks = [r[run] for r in ranks]
+    assert [r["stage"] for r in ranks] == [0, 1]
+    assert ranks[0]["schedule"] == "ScheduleGPipe"
     for step in range(STEPS):
         ids, mask, labels = pipeline_batch(step)
         loss = pipeline_loss(model(input_ids=ids, attention_mask=mask, return_dict=False), labels)
         loss.backward()
-        micro = ranks[1]["pipeline"]["steps"][step][0]
-        assert len(micro) == 2 and ranks[0]["pipeline"]["steps"][step][0] == []
+        micro = ranks[1]["steps"][step][0]
+        assert len(micro) == 2 and ranks[0]["steps"][step][0] == []
         assert abs(sum(micro) / len(micro) - loss.item()) <= TOL * abs(loss.item())
         expected = {n: p for n, p in model.named_parameters() if p.grad is not None}
-        grads = {**ranks[0]["pipeline"]["steps"][step][1], **ranks[1]["pipeline"]["steps"][step][1]}
+        grads = {**ranks[0]["steps"][step][1], **ranks[1]["steps"][step][1]}
         assert sorted(grads) == sorted(expected)  # all parameters the model uses
         for name, grad in grads.items():
             err = relative_error(grad, expected[name].grad)
