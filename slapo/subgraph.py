@@ -96,8 +96,9 @@ def as_subgraph(gm: fx.GraphModule, subgraph, where: str) -> Subgraph:
 
 def horizontal(gm: fx.GraphModule, parts, where: str) -> Subgraph:
     """Several disjoint subgraphs as one (horizontal fusion: e.g. the Q, K and V projections
-    of one input become one call). Its inputs are each part's inputs in turn, each node once;
-    its outputs each part's outputs in turn. The union must still be convex: no value flows
+    of one input become one call). Its inputs are each part's inputs in turn, each node once
+    and none that another part computes; its outputs each part's outputs in turn (those used
+    outside the union). The union must still be convex: no value flows
     from one part to another through nodes outside them."""
     subs = [as_subgraph(gm, part, where) for part in parts]
     seen: set[fx.Node] = set()
@@ -109,8 +110,9 @@ def horizontal(gm: fx.GraphModule, parts, where: str) -> Subgraph:
     nodes = sorted(seen, key=order.__getitem__)
     _check_convex(nodes, seen, order, where)
     inputs: list = []
-    for sub in subs:
-        inputs += [a for a in sub.inputs if not (isinstance(a, fx.Node) and a in inputs)]
+    for sub in subs:  # a value one part computes for another is no input of the union
+        inputs += [a for a in sub.inputs
+                   if not (isinstance(a, fx.Node) and (a in inputs or a in seen))]
     outputs = [o for sub in subs for o in sub.outputs if any(u not in seen for u in o.users)]
     return Subgraph(nodes, inputs, outputs)
 

@@ -85,8 +85,8 @@ def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
     - ``target`` any pattern ``find`` takes: each match (in this node's graph and the traced
       graphs below it) is replaced as by ``replace(new, subgraph=match)`` with
       ``new = make_mod_fn(path, match, **kwargs)`` (a module or a function), registered under
-      upstream's default name. Matches are replaced last to first, so that a match that feeds
-      a later one stays valid.
+      upstream's default name (numbered in graph order). Matches are replaced last to first,
+      so that a match that feeds a later one stays valid.
 
     - ``target`` a regex string: each node it finds is replaced on its own, with
       ``make_mod_fn(path, (path, node), **kwargs)``.
@@ -106,12 +106,29 @@ def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
     classes = target if isinstance(target, tuple) else (target,)
     if all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes):
         return _replace_modules(sch, classes, make_mod_fn, kwargs)
-    replaced = []
-    for found in reversed(sch.find(target)):  # a Match, or (path, node) for a regex
-        path = found.path if isinstance(found, Match) else found[0]
-        replace(sch, make_mod_fn(path, found, **kwargs), subgraph=found)
-        replaced.append(path)
-    return replaced[::-1]
+    found = sch.find(target)  # Match objects, or (path, node) pairs for a regex
+    paths = [f.path if isinstance(f, Match) else f[0] for f in found]
+    news = [make_mod_fn(path, f, **kwargs) for path, f in zip(paths, found)]
+    names = _names_in_graph_order(sch, paths, news)
+    for f, new, name in reversed(list(zip(found, news, names))):
+        replace(sch, new, subgraph=f, name=name)
+    return paths
+
+
+def _names_in_graph_order(sch, paths: list[str], news: list) -> list[str]:
+    """Upstream's default names (``<class name>_<i>``), numbered in graph order although the
+    matches are replaced last to first."""
+    taken: set[tuple[str, str]] = set()
+    names = []
+    for path, new in zip(paths, news):
+        gm = sch[path].mod
+        base = type(new).__name__ if isinstance(new, nn.Module) else FunctionModule.__name__
+        i = 0
+        while hasattr(gm, f"{base}_{i}") or (path, f"{base}_{i}") in taken:
+            i += 1
+        taken.add((path, f"{base}_{i}"))
+        names.append(f"{base}_{i}")
+    return names
 
 
 def _replace_modules(sch, classes: tuple, make_mod_fn: Callable, kwargs: dict) -> list[str]:

@@ -2,9 +2,12 @@
 
 Upstream Slapo's "huggingface" tracer (transformers' fx tracer) made dummy inputs itself, from
 the argument names. Ours traces HF blocks when it knows example shapes, so the same spelling
-makes example inputs for the usual argument names from the model's config: every argument
-of ``forward`` that ``concrete_args`` does not fix and whose name is below becomes an input;
-any other argument keeps its default (an argument without one is an error that names it).
+makes example inputs for the usual argument names from the model's config: each argument of
+``forward`` that ``concrete_args`` does not fix becomes an input if it has no default and a
+name below (``_MAKERS``), or if it is one of the main inputs (``_MAIN``) even with a default;
+any other argument keeps its default (one without a default is an error that names it).
+Optional inputs that change what a module computes (``labels``, ``encoder_hidden_states``)
+are made only when they are required.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ _MAKERS: dict[str, Callable[[Any, bool], torch.Tensor]] = {
     "hidden_states": _hidden,
     "encoder_hidden_states": _hidden,
 }
+# Made even where the argument has a default: what a model or block is called with.
+_MAIN = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "hidden_states")
 
 
 def example_inputs_from_config(mod: nn.Module, config, concrete_args: dict | None,
@@ -66,7 +71,7 @@ def example_inputs_from_config(mod: nn.Module, config, concrete_args: dict | Non
     for name, p in inspect.signature(mod.forward).parameters.items():
         if name in fixed or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        if name in _MAKERS:
+        if name in _MAKERS and (p.default is p.empty or name in _MAIN):
             inputs[name] = _MAKERS[name](config, model)
         elif p.default is p.empty:
             raise ValueError(f"trace(tracer='huggingface') of '{where}' "
