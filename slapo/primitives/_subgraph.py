@@ -40,15 +40,11 @@ def _strip_paths(x, paths: set[str]):
     if _is_pair(x):
         paths.add(x[0])
         return [x[1]]
-    if isinstance(x, (list, tuple)) and not isinstance(x, Subgraph) and x:
-        if all(_is_pair(e) for e in x):
-            parts = [_strip_paths(e, paths) for e in x]
-        elif any(isinstance(e, (list, tuple)) for e in x):
-            parts = [_strip_paths(e, paths) for e in x]
-        else:
-            return x
+    if isinstance(x, (list, tuple)) and not isinstance(x, Subgraph) and \
+            any(isinstance(e, (list, tuple)) for e in x):  # pairs or subgraphs: parts
+        parts = [_strip_paths(e, paths) for e in x]
         return parts[0] if len(parts) == 1 else parts
-    return x
+    return x  # a node, a Subgraph, a list of nodes
 
 
 def _first_node(x):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch.fx as fx
 
 from ..pattern import find_in, graphs_below, no_match_message
@@ -62,8 +64,8 @@ def find(sch, pattern, kind: str = "auto", ignore_literals: bool = True,
 def find_node(sch, pattern, allow_empty: bool = False) -> list:
     """Upstream Slapo's ``find_node``: ``find`` of a regex string or a predicate
     ``node -> bool``; returns ``[(path, node), ...]``."""
-    return find(sch, pattern, kind="regex" if isinstance(pattern, str) else "predicate",
-                allow_empty=allow_empty)
+    regex = isinstance(pattern, (str, re.Pattern))
+    return find(sch, pattern, kind="regex" if regex else "predicate", allow_empty=allow_empty)
 
 
 @register_primitive()

@@ -236,6 +236,17 @@ def test_a_path_that_is_not_the_nodes_graph_is_an_error():
         sch.fuse(("norm", node), compiler=None)
 
 
+def test_stale_and_foreign_matches_are_errors():
+    _, sch = _copies()
+    match = sch.find(FcRelu())[0]
+    sch.fuse(match, compiler=None)
+    with pytest.raises(ValueError, match="stale: find them again"):
+        sch.fuse(match, compiler=None)
+    _, other = _copies()
+    with pytest.raises(ValueError, match=r"not in a graph of '<root>' or below it"):
+        other.fuse(sch.find(FcRelu())[0], compiler=None)
+
+
 # --- replace_all ---------------------------------------------------------------------------
 class TwoActs(nn.Module):
     def __init__(self):
