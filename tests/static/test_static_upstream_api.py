@@ -109,6 +109,23 @@ def test_huggingface_tracer_makes_example_inputs_from_the_config():
     assert sch.find("softmax")[0][0] == "attention.self"
 
 
+def test_huggingface_tracer_takes_a_models_own_config():
+    from transformers import BertModel
+    torch.manual_seed(0)
+    plain = BertModel(bert_config()).eval()
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch.trace(tracer="huggingface", concrete_args={"use_cache": False})
+    inputs = [n.name for n in sch.mod.graph.nodes if n.op == "placeholder"]
+    assert inputs == ["input_ids", "attention_mask", "token_type_ids", "position_ids"]
+    batch = {"input_ids": torch.randint(0, 100, (3, 6), generator=torch.Generator()
+                                        .manual_seed(2)),
+             "attention_mask": torch.ones(3, 6, dtype=torch.long),  # a model's 0/1 mask
+             "token_type_ids": torch.zeros(3, 6, dtype=torch.long),
+             "position_ids": torch.arange(6).expand(3, 6)}
+    torch.testing.assert_close(sch.mod(**batch).last_hidden_state,
+                               plain(**batch).last_hidden_state, rtol=0, atol=0)
+
+
 def test_unknown_tracer_and_missing_config_are_errors():
     _, sch = _copies()
     with pytest.raises(ValueError, match=r"unknown tracer 'dynamo'.*'pytorch' or 'huggingface'"):
