@@ -10,6 +10,7 @@
 """
 
 from .build import build, build_module, init_empty_weights
+from .pattern import ModulePattern, Pattern, call_module
 from .primitives import get_primitive, list_primitives, register_primitive
 from .primitives._params import annotations as get_annotations
 from .primitives.checkpoint import checkpoint_call as checkpoint
@@ -20,7 +21,7 @@ from .verify import Verify
 
 __version__ = "0.1.0"
 
-__all__ = ["Schedule", "ShardSpec", "Verify", "build", "build_module", "checkpoint",
-           "create_schedule", "get_annotations", "get_cuda_rng_tracker", "get_primitive",
-           "init_empty_weights", "list_primitives", "register_primitive", "set_random_seed",
-           "shard_spec"]
+__all__ = ["ModulePattern", "Pattern", "Schedule", "ShardSpec", "Verify", "build",
+           "build_module", "call_module", "checkpoint", "create_schedule", "get_annotations",
+           "get_cuda_rng_tracker", "get_primitive", "init_empty_weights", "list_primitives",
+           "register_primitive", "set_random_seed", "shard_spec"]

@@ -1,54 +1,138 @@
-"""Finding nodes and subgraphs in a traced module, and splicing a subgraph out of its graph.
+"""The patterns of ``find`` (upstream Slapo's pattern language) and the search itself.
 
-Used by the static-graph primitives: ``find`` returns nodes or ``Subgraph`` matches;
-``fuse``, ``replace(subgraph=...)`` and ``checkpoint(subgraph=...)`` turn one subgraph into a
-call of a submodule (``splice``).
+A pattern is one of:
 
-A *subgraph* is a list of nodes of one traced graph that is connected and convex (no path
-leaves it and comes back), so that it can stand as one call. ``Subgraph`` (what ``find``
-returns for a pattern function) also knows its inputs, in the order of the pattern's
-arguments, and its outputs, in the order the pattern returns them.
+- a regex string: the nodes whose name or target matches it (``re.search``);
+- a predicate ``node -> bool``;
+- a pattern function (``lambda x, bias: F.gelu(x + bias)``), a ``Pattern`` module, or an
+  ``fx.Graph``: a subgraph, matched with torch.fx's ``SubgraphMatcher`` extended so that
+  module calls match as upstream's do:
+
+  - ``call_module(regex, *args)`` in a pattern function matches a call of any module whose
+    target (its path in the graph) matches ``regex`` (``re.match``);
+  - in a ``Pattern``, a ``ModulePattern(regex)`` submodule matches the same way, and any other
+    submodule (``nn.Linear(1, 1)``) matches calls of a module of its class;
+  - a functional in ``FUNCTIONAL_MODULES`` (``F.relu``, ``F.gelu``, ``F.linear`` ...) applied to
+    one tensor also matches a call of the module class that computes it (``nn.ReLU``...),
+    whatever that module's settings.
+
+``find_in`` searches the graphs ``graphs_below`` lists and returns upstream's forms: a list of
+``(path, node)`` for nodes, and for subgraphs a list of ``Match`` (a list of ``(path, node)``
+that also knows the match's inputs and outputs). ``path`` is the path of the graph module that
+holds the node, relative to the node ``find`` was called on ("" for its own graph).
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
-import operator
 import re
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
 
-from .tracing import KIND
+from . import state
 
-__all__ = ["Subgraph", "as_subgraph", "extract_graph_module", "find_in", "graph_module_of",
-           "node_inputs", "splice"]
+__all__ = ["FUNCTIONAL_MODULES", "Match", "ModulePattern", "Pattern", "call_module",
+           "find_in", "graphs_below", "no_match_message"]
 
 
-class Subgraph(list):
-    """Nodes of a subgraph in graph order, with ``inputs`` (values from outside: nodes, or
-    constants a pattern argument matched) and ``outputs`` (nodes used outside)."""
+# --- the pattern language ----------------------------------------------------------------
+class Pattern(nn.Module):
+    """A subgraph pattern written as a module: ``forward`` is the pattern; submodules stand
+    for module calls (a ``ModulePattern`` by path, any other module by its class)::
 
-    def __init__(self, nodes: Iterable[fx.Node], inputs: list | None = None,
-                 outputs: list[fx.Node] | None = None):
-        super().__init__(nodes)
+        class LinearReLU(slapo.Pattern):
+            def __init__(self):
+                super().__init__()
+                self.fc = slapo.ModulePattern(r"fc\\d")
+            def forward(self, x):
+                return F.relu(self.fc(x))
+    """
+
+    def forward(self, *args):
+        raise NotImplementedError(f"{type(self).__name__} must define forward: the pattern")
+
+
+class ModulePattern(nn.Module):
+    """In a ``Pattern``: a call of any module whose path in the graph matches ``name``, a
+    regex (``re.match``, as upstream)."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        re.compile(name)  # a bad regex fails here, where it is written
+        self.name = name
+
+    def forward(self, *args):
+        raise NotImplementedError("a ModulePattern stands for a module call in a Pattern; "
+                                  "it is matched by find, never called")
+
+    def extra_repr(self) -> str:
+        return repr(self.name)
+
+
+def call_module(name: str, *args):
+    """In a pattern function: a call of any module whose path in the graph matches ``name``
+    (a regex, ``re.match``) on ``args``::
+
+        def qkv(x):
+            return call_module(r"(query|key|value)", x).view(2, 8, 4, 8).permute(0, 2, 1, 3)
+    """
+    proxies = [a for a in args if isinstance(a, fx.Proxy)]
+    if not proxies:
+        raise RuntimeError("call_module stands for a module call in a pattern function; it "
+                           "is traced by find, never called on values")
+    return proxies[0].tracer.create_proxy("call_function", call_module, (name, *args), {})
+
+
+# Functionals that a module class computes on its first argument (upstream's mapping, with
+# the activations and dropout that transformers blocks use beside it).
+FUNCTIONAL_MODULES: dict[Callable, type[nn.Module]] = {
+    F.embedding: nn.Embedding, F.layer_norm: nn.LayerNorm, F.group_norm: nn.GroupNorm,
+    F.linear: nn.Linear, F.conv1d: nn.Conv1d, F.conv2d: nn.Conv2d, F.relu: nn.ReLU,
+    F.gelu: nn.GELU, F.silu: nn.SiLU, F.dropout: nn.Dropout, F.softmax: nn.Softmax,
+    F.mse_loss: nn.MSELoss, F.cross_entropy: nn.CrossEntropyLoss,
+}
+
+
+class Match(list):
+    """One match of a subgraph pattern, in upstream Slapo's form: ``(path, node)`` pairs in
+    graph order. ``path`` is the path of the graph module holding the match (relative to the
+    node ``find`` ran on), ``nodes`` the matched nodes, ``inputs`` the values the pattern's
+    arguments matched (in their order), ``outputs`` the nodes it returns (in its order)."""
+
+    def __init__(self, path: str, nodes: list[fx.Node], inputs: list, outputs: list[fx.Node]):
+        super().__init__((path, n) for n in nodes)
+        self.path = path
+        self.nodes = list(nodes)
         self.inputs = inputs
         self.outputs = outputs
 
     def __repr__(self) -> str:
-        return f"Subgraph({[n.name for n in self]})"
+        return f"Match(path={self.path!r}, nodes={[n.name for n in self.nodes]})"
 
 
-def graph_module_of(sch) -> fx.GraphModule:
-    """The GraphModule of a traced node, or a ValueError saying how to get one."""
-    if not isinstance(sch.mod, fx.GraphModule):
-        where = sch.path or "<root>"
-        raise ValueError(f"'{where}' ({type(sch.mod).__name__}) is not traced; call "
-                         f"sch{'[' + repr(sch.path) + ']' if sch.path else ''}.trace() first")
-    return sch.mod
+# --- where find looks ------------------------------------------------------------------------
+def graphs_below(sch) -> list[tuple[str, fx.GraphModule]]:
+    """The graph modules of ``sch`` and of the nodes below it, in module order, with their
+    paths relative to ``sch``; not those inside a fused module (its compiled graph is one
+    call)."""
+    found = []
+
+    def walk(node, rel: str) -> None:
+        if isinstance(node.mod, fx.GraphModule):
+            found.append((rel, node.mod))
+        if state.is_leaf(node.mod):
+            return
+        for name, child in node.child.items():
+            walk(child, f"{rel}.{name}" if rel else name)
+
+    walk(sch, "")
+    return found
 
 
 # --- find --------------------------------------------------------------------------------
@@ -58,28 +142,40 @@ def _label(node: fx.Node) -> str:
     return str(node.target)
 
 
-def find_in(gm: fx.GraphModule, pattern, kind: str = "auto",
+def find_in(graphs: list[tuple[str, fx.GraphModule]], pattern, kind: str = "auto",
             ignore_literals: bool = True) -> list:
-    """Nodes (regex or predicate) or ``Subgraph`` matches (pattern function) in ``gm``."""
-    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    """``(path, node)`` pairs (regex, predicate) or ``Match`` objects (subgraph patterns) in
+    ``graphs``, graph by graph, each in graph order."""
     if kind not in ("auto", "regex", "predicate", "subgraph"):
         raise ValueError(f"unknown kind '{kind}'; expected auto, regex, predicate or subgraph")
     if isinstance(pattern, (str, re.Pattern)) and kind in ("auto", "regex"):
         regex = re.compile(pattern)
-        return [n for n in nodes if regex.search(n.name) or regex.search(_label(n))]
-    if isinstance(pattern, (fx.Graph, fx.GraphModule)):
-        return _match_subgraph(gm, pattern, ignore_literals)
-    if not callable(pattern):
-        raise TypeError(f"find takes a regex string, a predicate node -> bool or a pattern "
-                        f"function; got {type(pattern).__name__}")
+        return [(path, n) for path, n in _nodes(graphs)
+                if regex.search(n.name) or regex.search(_label(n))]
+    if isinstance(pattern, (fx.Graph, fx.GraphModule, Pattern)):
+        kind = "subgraph"
+    elif not callable(pattern):
+        raise TypeError(f"find takes a regex string, a predicate node -> bool, a pattern "
+                        f"function or a slapo.Pattern; got {type(pattern).__name__}")
     if kind == "auto":
-        kind = "predicate" if _is_predicate(pattern, nodes) else "subgraph"
+        kind = "predicate" if _is_predicate(pattern, [n for _, n in _nodes(graphs)]) \
+            else "subgraph"
     if kind == "predicate":
-        return [n for n in nodes if pattern(n)]
-    return _match_subgraph(gm, pattern, ignore_literals)
+        return [(path, n) for path, n in _nodes(graphs) if pattern(n)]
+    if kind == "regex":
+        raise TypeError(f"kind='regex' needs a string pattern; got {type(pattern).__name__}")
+    pattern_gm = _pattern_graph_module(pattern)
+    return [m for path, gm in graphs for m in _match_subgraph(path, gm, pattern_gm,
+                                                              ignore_literals)]
+
+
+def _nodes(graphs):
+    return [(path, n) for path, gm in graphs for n in gm.graph.nodes if n.op != "output"]
 
 
 def _is_predicate(fn: Callable, nodes: list[fx.Node]) -> bool:
+    if isinstance(fn, nn.Module):
+        return False
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -92,244 +188,136 @@ def _is_predicate(fn: Callable, nodes: list[fx.Node]) -> bool:
         return False  # a pattern function fails on a Node: it computes on tensors
 
 
-def _pattern_graph(pattern) -> fx.Graph:
+class _PatternTracer(fx.Tracer):
+    """Traces a ``Pattern``: its submodules (other than nested Patterns) stay calls."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return not isinstance(m, Pattern)
+
+
+def _pattern_graph_module(pattern) -> fx.GraphModule:
+    """The pattern as a GraphModule (the module lets the matcher look up its submodules)."""
     if isinstance(pattern, fx.GraphModule):
-        return pattern.graph
-    if isinstance(pattern, fx.Graph):
         return pattern
+    if isinstance(pattern, fx.Graph):
+        return fx.GraphModule(pattern.owning_module or nn.Module(), pattern)
     try:
-        graph = fx.symbolic_trace(pattern).graph
+        if isinstance(pattern, Pattern):
+            gm = fx.GraphModule(pattern, _PatternTracer().trace(pattern))
+        else:
+            gm = fx.symbolic_trace(pattern)
     except Exception as err:
-        raise ValueError(f"cannot trace the pattern function {_name(pattern)}: {err}") from err
-    unused = [n.target for n in graph.nodes if n.op == "placeholder" and not n.users]
+        raise ValueError(f"cannot trace the pattern {_name(pattern)}: {err}") from err
+    unused = [n.target for n in gm.graph.nodes if n.op == "placeholder" and not n.users]
     if unused:
         raise ValueError(f"pattern {_name(pattern)} does not use its argument(s) "
                          f"{', '.join(unused)}")
-    return graph
+    return gm
 
 
-def _match_subgraph(gm: fx.GraphModule, pattern, ignore_literals: bool) -> list[Subgraph]:
-    graph = _pattern_graph(pattern)
-    matcher = SubgraphMatcher(graph, match_output=False, match_placeholder=False,
-                              remove_overlapping_matches=True, ignore_literals=ignore_literals)
+class _ModuleCall(NamedTuple):
+    accepts: Callable[[nn.Module, str], bool]  # (graph's module, its target) -> match?
+    args: tuple                                 # the pattern's arguments of the call
+
+
+class _Matcher(SubgraphMatcher):
+    """``SubgraphMatcher`` with upstream's module-call rules (see the module docstring)."""
+
+    def __init__(self, pattern_gm: fx.GraphModule, ignore_literals: bool):
+        super().__init__(pattern_gm.graph, match_output=False, match_placeholder=False,
+                         remove_overlapping_matches=True, ignore_literals=ignore_literals)
+        self.pattern_gm = pattern_gm
+
+    def _module_call(self, pn: fx.Node) -> _ModuleCall | None:
+        """How the pattern node ``pn`` matches a module call, or None if it does not."""
+        if pn.op == "call_function" and pn.target is call_module:
+            regex = re.compile(pn.args[0])
+            return _ModuleCall(lambda mod, target: regex.match(target) is not None,
+                               tuple(pn.args[1:]))
+        if pn.op == "call_function" and pn.target in FUNCTIONAL_MODULES and \
+                not any(isinstance(a, fx.Node) for a in pn.args[1:]):
+            cls = FUNCTIONAL_MODULES[pn.target]
+            return _ModuleCall(lambda mod, target: isinstance(mod, cls), tuple(pn.args[:1]))
+        if pn.op == "call_module":
+            sub = self.pattern_gm.get_submodule(pn.target)
+            if isinstance(sub, ModulePattern):
+                regex = re.compile(sub.name)
+                return _ModuleCall(lambda mod, target: regex.match(target) is not None,
+                                   tuple(pn.args))
+            return _ModuleCall(lambda mod, target: type(mod) is type(sub), tuple(pn.args))
+        return None
+
+    def _call_of(self, pn: fx.Node, gn: fx.Node) -> _ModuleCall | None:
+        if gn.op != "call_module":
+            return None
+        return self._module_call(pn)
+
+    @staticmethod
+    def _accepted(call: _ModuleCall, gn: fx.Node) -> bool:
+        mod = gn.graph.owning_module.get_submodule(gn.target)
+        return bool(call.accepts(mod, gn.target))
+
+    def _nodes_are_equal(self, pn: fx.Node, gn: fx.Node, node_name_match: str = "") -> bool:
+        call = self._call_of(pn, gn)
+        if call is None:
+            return super()._nodes_are_equal(pn, gn, node_name_match)
+        return self._accepted(call, gn)
+
+    def _match_nodes(self, pn: fx.Node, gn: fx.Node, match, node_name_match: str = "") -> bool:
+        call = self._call_of(pn, gn)
+        if call is None:
+            return super()._match_nodes(pn, gn, match, node_name_match)
+        if pn in match.nodes_map:
+            return match.nodes_map[pn] == gn
+        if gn in match.nodes_map.values() or gn.kwargs or len(call.args) != len(gn.args) \
+                or not self._accepted(call, gn):
+            return False
+        saved = copy.copy(match.nodes_map)
+        match.nodes_map[pn] = gn
+        for pa, ga in zip(call.args, gn.args):
+            if isinstance(pa, fx.Node) and isinstance(ga, fx.Node):
+                ok = self._match_nodes(pa, ga, match)
+            elif isinstance(ga, fx.Node):
+                ok = False
+            else:
+                ok = self._match_literals(pa, ga, match) or self.ignore_literals
+            if not ok:
+                match.nodes_map.clear()
+                match.nodes_map.update(saved)
+                return False
+        return True
+
+
+def _match_subgraph(path: str, gm: fx.GraphModule, pattern_gm: fx.GraphModule,
+                    ignore_literals: bool) -> list[Match]:
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     found = []
-    for match in matcher.match(gm.graph):
+    for match in _Matcher(pattern_gm, ignore_literals).match(gm.graph):
         compute = [gn for pn, gn in match.nodes_map.items()
                    if pn.op not in ("placeholder", "output")]
         compute.sort(key=order.__getitem__)
-        found.append(Subgraph(compute, list(match.placeholder_nodes),
-                              list(match.returning_nodes)))
-    found.sort(key=lambda s: order[s[0]])
+        found.append(Match(path, compute, list(match.placeholder_nodes),
+                           list(match.returning_nodes)))
+    found.sort(key=lambda m: order[m.nodes[0]])
     return found
 
 
 def _name(fn) -> str:
+    if isinstance(fn, nn.Module):
+        return type(fn).__name__
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
-def no_match_message(gm: fx.GraphModule, pattern, where: str) -> str:
+def no_match_message(graphs: list[tuple[str, fx.GraphModule]], pattern, where: str) -> str:
     ops = []
-    for n in gm.graph.nodes:
-        if n.op not in ("placeholder", "output", "get_attr") and _label(n) not in ops:
+    for _, n in _nodes(graphs):
+        if n.op not in ("placeholder", "get_attr") and _label(n) not in ops:
             ops.append(_label(n))
     shown = ", ".join(ops[:25]) + (" ..." if len(ops) > 25 else "")
     what = repr(pattern.pattern if isinstance(pattern, re.Pattern) else pattern) \
         if isinstance(pattern, (str, re.Pattern)) else _name(pattern)
-    return (f"pattern {what} matches nothing in '{where}' ({len(gm.graph.nodes)} nodes; "
-            f"operations: {shown}). A pattern function matches only if each of its "
+    size = sum(len(gm.graph.nodes) for _, gm in graphs)
+    return (f"pattern {what} matches nothing in '{where}' ({size} nodes in {len(graphs)} "
+            f"graph(s); operations: {shown}). A pattern function matches only if each of its "
             "intermediate values is used inside the match")
 
-
-# --- subgraphs -----------------------------------------------------------------------
-def as_subgraph(gm: fx.GraphModule, subgraph, where: str) -> Subgraph:
-    """Check that ``subgraph`` is one connected, convex set of nodes of ``gm``'s graph and
-    return it as a ``Subgraph`` with inputs and outputs; or, given a list of such subgraphs
-    (several matches of ``find``), their union as one (:func:`horizontal`)."""
-    if isinstance(subgraph, fx.Node):
-        subgraph = [subgraph]
-    if not isinstance(subgraph, (list, tuple)) or not subgraph:
-        raise ValueError(f"expected a subgraph (a non-empty list of nodes, e.g. one result of "
-                         f"find) in '{where}', got {subgraph!r}")
-    if all(isinstance(x, (list, tuple)) for x in subgraph):
-        return horizontal(gm, subgraph, where)
-    if any(isinstance(x, (list, tuple)) for x in subgraph):
-        raise ValueError(f"expected a subgraph or a list of subgraphs in '{where}', got a mix "
-                         "of nodes and lists of nodes")
-    live = set(gm.graph.nodes)
-    for n in subgraph:
-        if not isinstance(n, fx.Node):
-            raise TypeError(f"a subgraph holds fx.Node objects; got {type(n).__name__}")
-        if n.graph is not gm.graph or n not in live:
-            raise ValueError(f"node '{n.name}' is not in the graph of '{where}' (nodes found "
-                             "before a later fuse/replace/trace are stale: find them again)")
-        if n.op in ("placeholder", "output"):
-            raise ValueError(f"a subgraph cannot hold the {n.op} node '{n.name}'")
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    nodes = sorted(set(subgraph), key=order.__getitem__)
-    members = set(nodes)
-    _check_connected(nodes, members, where)
-    _check_convex(nodes, members, order, where)
-
-    used_outside = [n for n in nodes if any(u not in members for u in n.users)]
-    outputs = getattr(subgraph, "outputs", None)
-    if outputs:
-        missing = [n.name for n in used_outside if n not in outputs]
-        if missing:
-            raise ValueError(f"node(s) {', '.join(missing)} of the subgraph in '{where}' are "
-                             "used outside it but are not among its outputs")
-        outputs = list(outputs)
-    else:
-        outputs = used_outside
-    if not outputs:
-        raise ValueError(f"the subgraph {[n.name for n in nodes]} in '{where}' has no value "
-                         "used outside it")
-    external: list[fx.Node] = []
-    for n in nodes:
-        for a in n.all_input_nodes:
-            if a not in members and a not in external:
-                external.append(a)
-    inputs = getattr(subgraph, "inputs", None)
-    if inputs is None:
-        inputs = external
-    missing = [a.name for a in external if a not in inputs]
-    if missing:
-        raise ValueError(f"the subgraph in '{where}' uses {', '.join(missing)} from outside "
-                         "but not as one of its inputs")
-    return Subgraph(nodes, list(inputs), outputs)
-
-
-def horizontal(gm: fx.GraphModule, parts, where: str) -> Subgraph:
-    """Several disjoint subgraphs as one (horizontal fusion: e.g. the Q, K and V projections
-    of one input become one call). Its inputs are each part's inputs in turn, each node once;
-    its outputs each part's outputs in turn. The union must still be convex: no value flows
-    from one part to another through nodes outside them."""
-    subs = [as_subgraph(gm, part, where) for part in parts]
-    seen: set[fx.Node] = set()
-    for sub in subs:
-        if seen & set(sub):
-            raise ValueError(f"the subgraphs given together in '{where}' overlap")
-        seen |= set(sub)
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    nodes = sorted(seen, key=order.__getitem__)
-    _check_convex(nodes, seen, order, where)
-    inputs: list = []
-    for sub in subs:
-        inputs += [a for a in sub.inputs if not (isinstance(a, fx.Node) and a in inputs)]
-    outputs = [o for sub in subs for o in sub.outputs if any(u not in seen for u in o.users)]
-    return Subgraph(nodes, inputs, outputs)
-
-
-def _check_connected(nodes, members, where) -> None:
-    seen = {nodes[0]}
-    todo = [nodes[0]]
-    while todo:
-        n = todo.pop()
-        for m in list(n.all_input_nodes) + list(n.users):
-            if m in members and m not in seen:
-                seen.add(m)
-                todo.append(m)
-    if len(seen) != len(nodes):
-        rest = [n.name for n in nodes if n not in seen]
-        raise ValueError(f"the subgraph in '{where}' is not connected: "
-                         f"{[n.name for n in nodes if n in seen]} and {rest} share no edge; "
-                         "fuse or replace them separately, or side by side as a list of "
-                         "subgraphs (e.g. [[n] for n in nodes])")
-
-
-def _check_convex(nodes, members, order, where) -> None:
-    last = order[nodes[-1]]
-    frontier = [u for n in nodes for u in n.users if u not in members and order[u] < last]
-    seen = set()
-    while frontier:
-        n = frontier.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        for u in n.users:
-            if u in members:
-                raise ValueError(f"the subgraph in '{where}' is not convex: '{n.name}' uses a "
-                                 f"value of the subgraph and feeds its node '{u.name}', so "
-                                 "the subgraph cannot become one call; add it to the subgraph")
-            if order[u] < last:
-                frontier.append(u)
-
-
-def node_inputs(sub: Subgraph) -> list[fx.Node]:
-    """The distinct node inputs of ``sub``, in order (constants left out)."""
-    out: list[fx.Node] = []
-    for value in sub.inputs:
-        if isinstance(value, fx.Node) and value not in out:
-            out.append(value)
-    return out
-
-
-def extract_graph_module(gm: fx.GraphModule, sub: Subgraph, class_name: str) -> fx.GraphModule:
-    """A GraphModule computing ``sub``: its node inputs (``node_inputs``) as arguments, its
-    outputs as the result (a tuple when there are several)."""
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for value in node_inputs(sub):
-        env[value] = graph.placeholder(value.name)
-    for n in sub:
-        env[n] = graph.node_copy(n, lambda a: env[a])
-    outs = [env[o] for o in sub.outputs]
-    graph.output(outs[0] if len(outs) == 1 else tuple(outs))
-    graph.lint()
-    return fx.GraphModule(gm, graph, class_name=class_name)
-
-
-def splice(gm: fx.GraphModule, sub: Subgraph, name: str, module: nn.Module,
-           args: list[Any]) -> fx.Node:
-    """Replace the nodes of ``sub`` by ``module`` (registered as ``name``) called on ``args``;
-    the module returns the outputs (a tuple when there are several)."""
-    if hasattr(gm, name):
-        raise ValueError(f"'{name}' is already an attribute of {type(gm).__name__}; choose "
-                         "another name")
-    gm.add_submodule(name, module)
-    graph = gm.graph
-    members = set(sub)
-    last = sub[-1]
-    # Nodes between the first and the last subgraph node that depend on the subgraph move
-    # after the new call, in their order (the subgraph is convex, so none feeds it).
-    moved, inside, depends = [], False, set(members)
-    for n in graph.nodes:
-        if n is sub[0]:
-            inside = True
-        if n is last:
-            break
-        if inside and n not in members and any(a in depends for a in n.all_input_nodes):
-            depends.add(n)
-            moved.append(n)
-    with graph.inserting_after(last):
-        call = graph.call_module(name, tuple(args))
-    anchor = call
-    if len(sub.outputs) == 1:
-        call.meta[KIND] = sub.outputs[0].meta.get(KIND, "unknown")
-        sub.outputs[0].replace_all_uses_with(call)
-    else:
-        call.meta[KIND] = "tuple"
-        for i, out in enumerate(sub.outputs):
-            with graph.inserting_after(anchor):
-                item = graph.call_function(operator.getitem, (call, i))
-            item.meta[KIND] = out.meta.get(KIND, "unknown")
-            out.replace_all_uses_with(item)
-            anchor = item
-    for n in moved:
-        anchor.append(n)
-        anchor = n
-    for n in reversed(sub):
-        graph.erase_node(n)
-    graph.lint()
-    gm.recompile()
-    return call
-
-
-def fresh_name(gm: nn.Module, base: str) -> str:
-    """``base`` if free, else ``base_1``, ``base_2``, ..."""
-    if not hasattr(gm, base):
-        return base
-    i = 1
-    while hasattr(gm, f"{base}_{i}"):
-        i += 1
-    return f"{base}_{i}"

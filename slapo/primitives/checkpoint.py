@@ -29,10 +29,11 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
         for i in range(config.num_hidden_layers):
             sch[f"bert.encoder.layer.{i}"].checkpoint()
 
-    With ``subgraph`` (one result of ``find`` on this traced node, a connected list of its
-    nodes, or a list of such subgraphs taken together), only that subgraph is checkpointed:
-    it is extracted into a submodule ``name`` (default ``checkpointed``, ``checkpointed_1``,
-    ...) that is checkpointed as above::
+    With ``subgraph`` (any form ``find`` returns: one match, a ``(path, node)``, a list of them
+    taken together; or nodes of a traced graph), only that subgraph is checkpointed: it is
+    extracted into a submodule of the graph module holding it, named ``name`` (default:
+    upstream's ``CheckPointWrapper_0``, ``CheckPointWrapper_1``, ...) and checkpointed as
+    above::
 
         attn.checkpoint(subgraph=attn.find(attention_core_pattern)[0], name="core")
     """

@@ -1,34 +1,45 @@
-"""find: look up nodes or subgraphs in a traced module's graph."""
+"""find: look up nodes or subgraphs in the traced graphs of a node and below it."""
 
 from __future__ import annotations
 
-from ..pattern import find_in, graph_module_of, no_match_message
+import re
+
+import torch.fx as fx
+
+from ..pattern import find_in, graphs_below, no_match_message
 from . import register_primitive
 
 
 @register_primitive()
 def find(sch, pattern, kind: str = "auto", ignore_literals: bool = True,
          allow_empty: bool = False) -> list:
-    """Find nodes or subgraphs in this traced node's graph (call ``trace`` first).
+    """Find nodes or subgraphs in this node's graph and in the traced graphs below it, as
+    upstream Slapo does; this node is traced first (``trace()`` with its defaults) if it is
+    not traced yet.
 
-    ``pattern`` is one of:
+    Each result names where it is: ``path`` is the path of the graph module holding it,
+    relative to this node ("" for this node's own graph), so that ``sch[path]`` is the node
+    whose graph it is. ``pattern`` is one of (``slapo.pattern`` has the details):
 
     - a regex string: the nodes whose name or target matches (``re.search``); targets are
-      module paths for module calls, method names, function names (``"softmax"``, ``"gelu"``);
-    - a predicate ``node -> bool``: the nodes for which it is true;
-    - a pattern function (or an ``fx.Graph``): traced with torch.fx and matched with
-      ``SubgraphMatcher``; returns a list of ``slapo.pattern.Subgraph`` (lists of the matched
-      nodes in graph order, with ``.inputs`` in the order of the function's arguments and
-      ``.outputs`` in the order it returns them). Constants such as a scale factor or a
-      dropout rate match any value unless ``ignore_literals=False``. A match is kept only if
-      each intermediate value is used inside it (the values it returns may be used anywhere).
+      module paths for module calls, method names, function names (``"softmax"``, ``"gelu"``).
+      Returns ``[(path, node), ...]``;
+    - a predicate ``node -> bool``: the nodes for which it is true, ``[(path, node), ...]``;
+    - a pattern function, a ``slapo.Pattern`` module or an ``fx.Graph``: its matches, each a
+      ``slapo.pattern.Match``, which is upstream's list of ``(path, node)`` and also carries
+      ``.nodes``, ``.inputs`` (in the order of the pattern's arguments) and ``.outputs`` (in
+      the order it returns them). ``call_module(regex, x)`` and ``ModulePattern(regex)``
+      match module calls by path, other pattern submodules by class, and ``F.relu`` (and the
+      other ``slapo.pattern.FUNCTIONAL_MODULES``) also matches an ``nn.ReLU`` call.
+      Constants such as a scale factor or a dropout rate match any value unless
+      ``ignore_literals=False``. A match is kept only if each intermediate value is used
+      inside it (the values it returns may be used anywhere).
 
-    The search covers this node's own graph: with ``trace(flatten=False)`` each submodule's
-    graph belongs to its own node (``sch["attention.self"].find(...)``).
-    A one-argument function is a predicate if it returns a bool on a node, else a pattern;
-    ``kind="regex" | "predicate" | "subgraph"`` forces the reading. A pattern that matches
-    nothing raises ``ValueError`` listing the graph's operations (``allow_empty=True``
-    returns ``[]`` instead).
+    Every result can be given to ``fuse``, ``replace`` and ``checkpoint``: one match or
+    ``(path, node)``, or a list of them (side by side). A one-argument function is a
+    predicate if it returns a bool on a node, else a pattern; ``kind="regex" | "predicate" |
+    "subgraph"`` forces the reading. A pattern that matches nothing raises ``ValueError``
+    listing the graphs' operations (``allow_empty=True`` returns ``[]`` instead).
 
     Example::
 
@@ -37,10 +48,30 @@ def find(sch, pattern, kind: str = "auto", ignore_literals: bool = True,
         ffn["dense"].decompose()
         bias_gelu = ffn.find(lambda x, bias: F.gelu(x + bias))[0]
         ffn.fuse(bias_gelu, compiler="inductor", name="bias_gelu")
-        softmaxes = sch["encoder.layer.0.attention"].find("softmax")
+        for path, node in sch["encoder.layer.0"].find("softmax"):
+            print(path, node)          # attention.self softmax
     """
-    gm = graph_module_of(sch)
-    found = find_in(gm, pattern, kind=kind, ignore_literals=ignore_literals)
+    if not isinstance(sch.mod, fx.GraphModule):
+        sch.trace()
+    graphs = graphs_below(sch)
+    found = find_in(graphs, pattern, kind=kind, ignore_literals=ignore_literals)
     if not found and not allow_empty:
-        raise ValueError(no_match_message(gm, pattern, sch.path or "<root>"))
+        raise ValueError(no_match_message(graphs, pattern, sch.path or "<root>"))
     return found
+
+
+@register_primitive()
+def find_node(sch, pattern, allow_empty: bool = False) -> list:
+    """Upstream Slapo's ``find_node``: ``find`` of a regex string or a predicate
+    ``node -> bool``; returns ``[(path, node), ...]``."""
+    regex = isinstance(pattern, (str, re.Pattern))
+    return find(sch, pattern, kind="regex" if regex else "predicate", allow_empty=allow_empty)
+
+
+@register_primitive()
+def find_subgraph(sch, pattern, ignore_literals: bool = True,
+                  allow_empty: bool = False) -> list:
+    """Upstream Slapo's ``find_subgraph``: ``find`` of a pattern function or a
+    ``slapo.Pattern``; returns a list of ``slapo.pattern.Match``."""
+    return find(sch, pattern, kind="subgraph", ignore_literals=ignore_literals,
+                allow_empty=allow_empty)

@@ -8,15 +8,9 @@ import torch
 from torch import nn
 
 from .. import state
-from ..pattern import (
-    as_subgraph,
-    extract_graph_module,
-    fresh_name,
-    graph_module_of,
-    node_inputs,
-    splice,
-)
+from ..subgraph import extract_graph_module, node_inputs, splice, unique_name
 from . import register_primitive
+from ._subgraph import resolve
 
 
 @state.leaf_class
@@ -58,15 +52,16 @@ def check_compiler(compiler) -> None:
 @register_primitive()
 def fuse(sch, subgraph, compiler: str | Callable | None = "inductor",
          name: str | None = None) -> nn.Module:
-    """Replace ``subgraph`` (one result of ``find``, a list of nodes, or a list of such
-    subgraphs fused side by side) of this traced node by one submodule that computes it,
-    compiled with ``torch.compile(backend=compiler)``.
+    """Replace ``subgraph`` of a traced graph by one submodule that computes it, compiled
+    with ``torch.compile(backend=compiler)``, and return that submodule.
 
-    The subgraph must be connected (each one, for a list) and convex (no path leaves it and
-    re-enters). Its inputs
-    (in the order of the pattern's arguments for a ``find`` match) become the arguments of
-    the new submodule, registered as ``name`` (default ``fused``, ``fused_1``, ...) and
-    returned; its outputs its results. ``compiler``: a backend name from
+    ``subgraph`` is any form ``find`` returns (one match, a ``(path, node)``, a list of them
+    fused side by side) or nodes; the graph is the one holding it, this node's or one below
+    (a match's ``path``). The subgraph must be connected (each one, for a list) and convex
+    (no path leaves it and re-enters). Its inputs (in the order of the pattern's arguments
+    for a match) become the arguments of the new submodule, its outputs its results. The
+    submodule is registered on the graph module holding the subgraph as ``name``, by default
+    upstream's ``FusedModule_0``, ``FusedModule_1``, ... ``compiler``: a backend name from
     ``torch._dynamo.list_backends()`` (``"inductor"`` generates C++/OpenMP code on CPU,
     Triton on GPU), a backend function, or None to keep the extracted graph uncompiled.
     Compilation happens at the first call. Parameter names do not change. Nodes found before
@@ -80,12 +75,10 @@ def fuse(sch, subgraph, compiler: str | Callable | None = "inductor",
         ffn.fuse(ffn.find(lambda x, bias: F.gelu(x + bias))[0], name="bias_gelu")
     """
     check_compiler(compiler)
-    gm = graph_module_of(sch)
-    where = sch.path or "<root>"
-    sub = as_subgraph(gm, subgraph, where)
-    name = name or fresh_name(gm, "fused")
-    inner = extract_graph_module(gm, sub, class_name=name)
+    owner, sub = resolve(sch, subgraph)
+    name = name or unique_name(owner.mod, FusedModule.__name__)
+    inner = extract_graph_module(owner.mod, sub, class_name=name)
     fused = FusedModule(inner, compiler)
-    splice(gm, sub, name, fused, node_inputs(sub))
-    sch._rebuild_children()
+    splice(owner.mod, sub, name, fused, node_inputs(sub))
+    owner._rebuild_children()
     return fused

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from ..pattern import Match
 from . import register_primitive
 from ._params import annotations
 
@@ -36,16 +37,17 @@ def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = No
 
         sch["encoder.layer.0.attention.self"].replace(MyFusedAttention(config))
 
-    With ``subgraph`` (one result of ``find`` on this traced node, or a connected list of its
-    nodes), only that subgraph is replaced: ``new`` is registered as submodule ``name``
-    (default: its class name in snake case) and called on the subgraph's inputs, in the order
-    of the pattern's arguments (for a plain list of nodes: in order of first use); it returns
-    the subgraph's outputs (a tuple when there are several). A list of subgraphs (several
-    matches) is replaced by one call side by side (horizontal fusion): ``new`` takes each
-    match's inputs in turn, each value once, and returns each match's outputs in turn::
+    With ``subgraph`` (any form ``find`` returns: one match, a ``(path, node)``, a list of
+    them; or nodes of a traced graph), only that subgraph is replaced, in the graph that holds
+    it (this node's or one below: a match's ``path``): ``new`` is registered on that graph
+    module as ``name`` (default: upstream's ``<class name>_<i>``, e.g. ``FusedQKV_0``, a
+    function's wrapper ``FunctionModule_0``) and called on the subgraph's inputs, in the order
+    of the pattern's arguments (for nodes: in order of first use); it returns the subgraph's
+    outputs (a tuple when there are several). A list of several matches or nodes is replaced
+    by one call side by side (horizontal fusion): ``new`` takes each match's inputs in turn,
+    each value once, and returns each match's outputs in turn::
 
-        q, k, v = (attn.find(name)[0] for name in ("query", "key", "value"))
-        attn.replace(FusedQKV(...), subgraph=[[q], [k], [v]], name="qkv")
+        attn.replace(FusedQKV(...), subgraph=attn.find(r"^(query|key|value)$"), name="qkv")
 
     One match::
 
@@ -70,3 +72,75 @@ def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = No
         setattr(sch.parent.mod, sch.name, new)
     sch.mod = new
     sch._rebuild_children()
+
+
+@register_primitive()
+def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
+    """Replace every module of class ``target`` at or below this node, or every match of the
+    pattern ``target``, by what ``make_mod_fn`` makes (upstream Slapo's ``replace_all``).
+
+    - ``target`` a module class (or a tuple of them): each such module is replaced as by
+      ``replace`` with ``make_mod_fn(path, module, **kwargs)``, ``path`` relative to this
+      node. Modules inside one that was replaced are left alone (they went with it).
+    - ``target`` any pattern ``find`` takes: each match (in this node's graph and the traced
+      graphs below it) is replaced as by ``replace(new, subgraph=match)`` with
+      ``new = make_mod_fn(path, match, **kwargs)`` (a module or a function), registered under
+      upstream's default name (numbered in graph order). Matches are replaced last to first,
+      so that a match that feeds a later one stays valid.
+
+    - ``target`` a regex string: each node it finds is replaced on its own, with
+      ``make_mod_fn(path, (path, node), **kwargs)``.
+
+    Returns the paths replaced (for a pattern: of the graphs, once per match)::
+
+        sch.replace_all(nn.Dropout, lambda path, mod: slapo.op.Dropout(mod.p))
+        sch.replace_all(lambda x, bias: F.gelu(x + bias), lambda path, match: BiasGeLU())
+    """
+    if isinstance(make_mod_fn, type):
+        raise TypeError(f"replace_all(target, make_mod_fn): make_mod_fn is the class "
+                        f"{make_mod_fn.__name__}; pass the target first and a function "
+                        "(path, module or match) -> new module second")
+    if not callable(make_mod_fn):
+        raise TypeError(f"replace_all: make_mod_fn must be callable, got "
+                        f"{type(make_mod_fn).__name__}")
+    classes = target if isinstance(target, tuple) else (target,)
+    if all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes):
+        return _replace_modules(sch, classes, make_mod_fn, kwargs)
+    found = sch.find(target)  # Match objects, or (path, node) pairs for a regex
+    paths = [f.path if isinstance(f, Match) else f[0] for f in found]
+    news = [make_mod_fn(path, f, **kwargs) for path, f in zip(paths, found)]
+    names = _names_in_graph_order(sch, paths, news)
+    for f, new, name in reversed(list(zip(found, news, names))):
+        replace(sch, new, subgraph=f, name=name)
+    return paths
+
+
+def _names_in_graph_order(sch, paths: list[str], news: list) -> list[str]:
+    """Upstream's default names (``<class name>_<i>``), numbered in graph order although the
+    matches are replaced last to first."""
+    taken: set[tuple[str, str]] = set()
+    names = []
+    for path, new in zip(paths, news):
+        gm = sch[path].mod
+        base = type(new).__name__ if isinstance(new, nn.Module) else FunctionModule.__name__
+        i = 0
+        while hasattr(gm, f"{base}_{i}") or (path, f"{base}_{i}") in taken:
+            i += 1
+        taken.add((path, f"{base}_{i}"))
+        names.append(f"{base}_{i}")
+    return names
+
+
+def _replace_modules(sch, classes: tuple, make_mod_fn: Callable, kwargs: dict) -> list[str]:
+    replaced: list[str] = []
+    for path, node in list(sch.named_schedules()):
+        rel = path[len(sch.path):].lstrip(".")
+        if any(r == "" or rel == r or rel.startswith(f"{r}.") for r in replaced):
+            continue  # inside a module already replaced
+        if isinstance(node.mod, classes):
+            replace(node, make_mod_fn(rel, node.mod, **kwargs))
+            replaced.append(rel)
+    if not replaced:
+        names = ", ".join(c.__name__ for c in classes)
+        raise ValueError(f"replace_all: no {names} at or below '{sch.path or '<root>'}'")
+    return replaced

@@ -4,23 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from torch import nn
+
 from ..tracing import has_foreign_hooks, is_traced, trace_module
+from ..tracing.hf_inputs import example_inputs_from_config
 from . import register_primitive
+
+# Upstream Slapo's tracer names. There is one tracer here (torch.fx with example values); it
+# traces HF blocks too, so both names select it and "huggingface" also makes example inputs
+# from the model config when none are given (slapo.tracing.hf_inputs).
+TRACERS = ("pytorch", "huggingface")
 
 
 @register_primitive()
-def trace(sch, leaves: Iterable = (), flatten: bool = False, concrete_args: dict | None = None,
-          example_inputs=None) -> None:
-    """Trace this node's module with torch.fx and put the GraphModule in its place.
+def trace(sch, recursive: bool = True, flatten: bool = False, leaves: Iterable = (),
+          tracer: str = "pytorch", concrete_args: dict | None = None, config=None,
+          example_inputs=None, leaf_modules: Iterable = ()) -> bool:
+    """Trace this node's module with torch.fx and put the GraphModule in its place; returns
+    True (upstream Slapo's return value; a failure here raises instead of returning False).
 
-    - ``leaves``: submodules kept as calls rather than traced into: classes, class names, or
-      paths relative to this node (shell-style patterns allowed, e.g. ``"layer.*.attention"``).
-      ``torch.nn`` modules, slapo's fused/decomposed modules and modules that primitives
-      already changed (``sync``, ``checkpoint``, ``fork_rng``, a sharded row-parallel Linear)
-      are always leaves.
+    - ``recursive``: True traces into the submodules too; False traces only this module's
+      own forward, each child (each item of a child ModuleList/ModuleDict) staying a call.
+    - ``leaves`` (upstream's ``leaf_modules``, which is taken too): submodules kept as calls
+      rather than traced into: classes, class names, or paths relative to this node
+      (shell-style patterns allowed, e.g. ``"layer.*.attention"``). ``torch.nn`` modules,
+      slapo's fused/decomposed modules and modules that primitives already changed (``sync``,
+      ``checkpoint``, ``fork_rng``, a sharded row-parallel Linear) are always leaves.
     - ``flatten``: False keeps the hierarchy (each non-leaf submodule becomes a GraphModule at
       its path, so ``sch["layer.0.attention"]`` still exists); True gives one graph that calls
       only leaves.
+    - ``tracer``: ``"pytorch"`` or ``"huggingface"`` (upstream's names; both are this one
+      tracer, which traces HF blocks). With ``"huggingface"`` and no ``example_inputs``,
+      example inputs are made from ``config`` (default: the module's ``config``) for the
+      usual argument names (``input_ids``, ``attention_mask``, ``hidden_states`` ...), as
+      upstream's HF tracer made dummy inputs. Another name is a ValueError.
+    - ``config``: the transformers config those example inputs are made from.
     - ``example_inputs``: a dict of named inputs (or a tuple of positional ones). They become
       the graph's inputs and give every value an example shape, which HF blocks need
       (``x.view(*x.shape[:-1], -1, d)``); the graph still accepts other batch sizes and
@@ -46,30 +64,60 @@ def trace(sch, leaves: Iterable = (), flatten: bool = False, concrete_args: dict
         attn.trace(flatten=True, example_inputs={"hidden_states": torch.randn(2, 16, 64),
                                                  "attention_mask": torch.zeros(2, 1, 16, 16)})
         print(attn.mod.graph)
+        sch["encoder.layer.1"].trace(tracer="huggingface", config=model.config)
     """
+    where = sch.path or "<root>"
+    if tracer not in TRACERS:
+        raise ValueError(f"trace of '{where}': unknown tracer {tracer!r}; slapo has one "
+                         f"tracer, spelled {' or '.join(map(repr, TRACERS))} (it traces HF "
+                         "blocks; give example_inputs where shapes matter)")
     if is_traced(sch.mod):
-        return
+        return True
     if has_foreign_hooks(sch.mod):
-        raise ValueError(f"'{sch.path or '<root>'}' ({type(sch.mod).__name__}) has hooks or a "
+        raise ValueError(f"'{where}' ({type(sch.mod).__name__}) has hooks or a "
                          "replaced forward from earlier primitives (sync, checkpoint, fork_rng, "
                          "shard); trace it before applying them")
+    leaves = [*_as_list(leaves), *_as_list(leaf_modules)]
+    if not recursive:
+        leaves += _children_as_calls(sch.mod)
+    if tracer == "huggingface" and example_inputs is None:
+        example_inputs = example_inputs_from_config(
+            sch.mod, config if config is not None else getattr(sch.mod, "config", None),
+            concrete_args, where)
     gm = trace_module(sch.mod, example_inputs=example_inputs, concrete_args=concrete_args,
                       leaves=leaves, flatten=flatten, path=sch.path)
     if sch.parent is not None:
         setattr(sch.parent.mod, sch.name, gm)
     sch.mod = gm
     sch._rebuild_children()
+    return True
+
+
+def _as_list(leaves) -> list:
+    return [leaves] if isinstance(leaves, (str, type)) else list(leaves)
+
+
+def _children_as_calls(mod: nn.Module) -> list[str]:
+    """The paths of the modules ``mod``'s forward calls directly: its children, and the items
+    of the containers among them (a ModuleList is never called itself)."""
+    paths = []
+    for name, child in mod.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            paths += [f"{name}.{item}" for item, _ in child.named_children()]
+        else:
+            paths.append(name)
+    return paths
 
 
 @register_primitive()
-def trace_until(sch, paths: str | list[str], **kwargs) -> None:
+def trace_until(sch, paths: str | list[str], **kwargs) -> bool:
     """Trace the model from the root down to the modules at ``paths``, whose children stay
     untraced calls (upstream Slapo's ``trace_until``): enough graph to cut pipeline stages
     between those children, the rest of each child left as it is for other primitives.
 
     ``paths`` are relative to the root, e.g. ``"bert.encoder.layer"`` (the ModuleList whose
     layers become the leaves). ``kwargs`` go to ``trace`` (``example_inputs``,
-    ``concrete_args``, ``flatten``, further ``leaves``)::
+    ``concrete_args``, ``tracer``, ``flatten``, further ``leaves``)::
 
         sch.trace_until("bert.encoder.layer", example_inputs={"input_ids": ids},
                         concrete_args={"use_cache": False})
@@ -79,11 +127,11 @@ def trace_until(sch, paths: str | list[str], **kwargs) -> None:
         raise ValueError(f"trace_until traces from the root; '{sch.path}' is not the root")
     if is_traced(sch.mod):
         raise ValueError("trace_until: the root is traced already")
-    leaves = list(kwargs.pop("leaves", ()))
+    leaves = [*_as_list(kwargs.pop("leaves", ())), *_as_list(kwargs.pop("leaf_modules", ()))]
     for path in [paths] if isinstance(paths, str) else list(paths):
         node = sch[path]
         if not node.child:
             raise ValueError(f"trace_until: '{path}' ({type(node.mod).__name__}) has no "
                              "submodules to stop at")
         leaves += [f"{path}.{name}" for name in node.child]
-    trace(sch, leaves=leaves, **kwargs)
+    return trace(sch, leaves=leaves, **kwargs)
