@@ -44,8 +44,8 @@ DTYPES = ("fp32", "fp16", "bf16")
 MAX_GPUS = 65536  # larger counts are typos; the launcher bounds CPU ranks by the machine
 DEFAULT_LR = 1e-4
 DEFAULT_SEED = 1234
-RECORD_FIELDS = ("mode", "model", "gpus", "seq_len", "dec_seq_len", "batch_size", "batch_expr",
-                 "ckpt", "source", "line")
+RECORD_FIELDS = ("mode", "model", "gpus", "nodes", "gpus_per_node", "seq_len", "dec_seq_len",
+                 "batch_size", "batch_expr", "ckpt", "source", "line")
 
 
 class CaseError(ValueError):
@@ -73,9 +73,20 @@ class Case:
     lr: float = DEFAULT_LR
     no_dropout: bool = False
     overrides: dict = dataclasses.field(default_factory=dict, hash=False)  # model config fields
+    nodes: int = 1  # machines the GPUs are spread over, gpus_per_node each
     # where the case was written; not part of what is measured
     source: str = dataclasses.field(default="", compare=False)
     line: int = dataclasses.field(default=0, compare=False)
+
+    def __post_init__(self):
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            raise CaseError(f"nodes must be a positive integer, got {self.nodes!r}")
+        if self.gpus % self.nodes:
+            raise CaseError(f"{self.gpus} GPUs do not spread evenly over {self.nodes} nodes")
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
 
     @property
     def ckpt_token(self) -> str:
@@ -90,7 +101,10 @@ class Case:
     @property
     def id(self) -> str:
         """Stable, filesystem-safe name, e.g. ``slapo-megatron__bert-xlarge__g2__s512__b56__c0``."""
-        parts = [self.mode, safe_name(self.model), f"g{self.gpus}", f"s{self.seq_len}"]
+        parts = [self.mode, safe_name(self.model), f"g{self.gpus}"]
+        if self.nodes > 1:
+            parts.append(f"n{self.nodes}")
+        parts.append(f"s{self.seq_len}")
         if self.dec_seq_len:
             parts.append(f"d{self.dec_seq_len}")
         parts += [f"b{self.batch_size}", f"c{self.ckpt_token}"]
@@ -111,6 +125,8 @@ class Case:
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         del data["source"], data["line"]
+        if self.nodes == 1:  # one node: the encoding (and so the workflow's jobs) as before
+            del data["nodes"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -139,6 +155,8 @@ class Case:
                 "--lr", repr(float(self.lr))]
         if self.no_dropout:
             argv.append("--no-dropout")
+        if self.nodes > 1:
+            argv += ["--nodes", str(self.nodes)]
         for key, value in self.overrides.items():
             argv += ["--override", f"{key}={json.dumps(value)}"]
         return argv
@@ -197,7 +215,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The case's options of ``slapo-bench run`` (what :meth:`Case.to_argv` writes)."""
     parser.add_argument("--mode", required=True, help=f"one of: {', '.join(MODES)}")
     parser.add_argument("--model", required=True, help="model name of configs/models")
-    parser.add_argument("--gpus", type=int, required=True, help="GPUs (ranks on a CPU machine)")
+    parser.add_argument("--gpus", type=int, required=True,
+                        help="GPUs in all (ranks on a CPU machine)")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="machines the GPUs are spread over (GPUS / NODES each); run the "
+                             "same command on each, with --rdzv-endpoint")
     parser.add_argument("--seq-len", type=int, required=True)
     parser.add_argument("--dec-seq-len", type=int, default=0)
     parser.add_argument("--batch-size", required=True,
@@ -242,6 +264,9 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
     if args.warmup < 0 or args.steps <= args.warmup:
         raise CaseError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) >= 0: "
                         "steps count every step, warm-up ones included")
+    if args.nodes < 1 or args.gpus % args.nodes:
+        raise CaseError(f"--nodes {args.nodes}: the {args.gpus} GPUs must spread evenly over "
+                        "at least one node")
     try:
         batch = expr.batch_size(args.batch_size, args.gpus)
         check_batch(args.mode, batch, args.gpus)
@@ -255,4 +280,5 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
                 dec_seq_len=args.dec_seq_len, batch_size=batch, batch_expr=args.batch_size,
                 ckpt=ckpt, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                 device=device, seed=args.seed, lr=args.lr, no_dropout=args.no_dropout,
-                overrides=dict(parse_override(o) for o in args.override), source=source)
+                overrides=dict(parse_override(o) for o in args.override), nodes=args.nodes,
+                source=source)

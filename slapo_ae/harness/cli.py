@@ -93,7 +93,13 @@ def spec_from_args(args) -> RunSpec:
                else default_timeout(case.device, case.steps))
     if timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {timeout}")
-    cores = args.cores if args.cores is not None else default_cores(case.device, case.gpus)
+    if case.nodes > 1 and not args.rdzv_endpoint:
+        raise UsageError(f"--nodes {case.nodes} needs --rdzv-endpoint HOST:PORT (the same on "
+                         "every node: where their torchrun agents meet)")
+    if case.nodes == 1 and args.rdzv_endpoint:
+        raise UsageError("--rdzv-endpoint is for a case on several nodes (--nodes)")
+    cores = (args.cores if args.cores is not None
+             else default_cores(case.device, case.gpus_per_node))
     if cores < 1:
         raise UsageError(f"--cores must be at least 1, got {cores}")
     log = args.log or str(out.with_suffix(".log"))
@@ -107,7 +113,7 @@ def spec_from_args(args) -> RunSpec:
     memory = args.memory_per_rank * 2**20 if args.memory_per_rank else None
     return RunSpec(case=case, out=str(out), log=log, timeout=float(timeout),
                    case_id=args.case_id, cores=cores, memory_per_rank=memory,
-                   profile_dir=args.profile)
+                   profile_dir=args.profile, rdzv_endpoint=args.rdzv_endpoint)
 
 
 def _writable(flag: str, folder: Path) -> None:
@@ -139,6 +145,11 @@ def cmd_run(args) -> int:
         record = spec.non_ok_record("failed", f"harness error: {type(err).__name__}: {err}\n"
                                               f"{traceback.format_exc()}")
         write_record(record, spec.out)
+    if record is None:
+        if not args.quiet:
+            print(f"{spec.case_dict()['id']}: this node's ranks finished; the node of rank 0 "
+                  "writes the record")
+        return 0
     if not args.quiet:
         m = record.metrics
         what = (f"{m.samples_per_s:.3f} samples/s" if record.status == "ok"
@@ -171,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds before the ranks are killed (default: 1800 on GPU, "
                         "600 + 120 per step on CPU)")
     p.add_argument("--case-id", default=None, help="the id stored in the record's case")
+    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="with --nodes > 1: where the nodes' torchrun agents meet (a port "
+                        "free on HOST, the same on every node; HOST is usually the first node)")
     p.add_argument("--cores", type=int, default=None,
                    help="CPU cores the case holds; each of its ranks runs max(1, CORES // "
                         "ranks) threads, whatever OMP_NUM_THREADS says (default: one per rank "

@@ -52,8 +52,17 @@ def worker_env(spec: RunSpec) -> dict:
 
 
 def torchrun_command(spec: RunSpec) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node", str(spec.case.gpus), "-m", "slapo_ae.harness.worker",
+    """torchrun for this machine's ranks: ``--standalone`` on one node; on several, one agent
+    per node meeting the others at ``spec.rdzv_endpoint`` (c10d rendezvous, id ``run_id``),
+    ranks numbered by the rendezvous."""
+    case = spec.case
+    if case.nodes == 1:
+        where = ["--standalone"]
+    else:
+        where = ["--nnodes", str(case.nodes), "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", spec.rdzv_endpoint, "--rdzv-id", spec.run_id]
+    return [sys.executable, "-m", "torch.distributed.run", *where,
+            "--nproc_per_node", str(case.gpus_per_node), "-m", "slapo_ae.harness.worker",
             "--spec", spec.to_json()]
 
 
@@ -156,8 +165,11 @@ def conclude(spec: RunSpec, rc: int | None, timed_out: bool, rundir: Path,
                               rank_status=rank_status)
 
 
-def launch(spec: RunSpec) -> Record:
-    """Run the ranks of ``spec`` and return the record (written to ``spec.out``)."""
+def launch(spec: RunSpec) -> Record | None:
+    """Run the ranks of ``spec`` and return the record (written to ``spec.out``). On one of
+    several nodes whose ranks all finished without rank 0 among them, None: rank 0's node
+    writes the record (to its ``spec.out``; the same file where the nodes share a file
+    system)."""
     spec.run_id = spec.run_id or uuid.uuid4().hex
     log_path = Path(spec.log)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,7 +180,8 @@ def launch(spec: RunSpec) -> Record:
             spec.launch_time = time.time()
             cmd = torchrun_command(spec)
             log.write(f"# slapo-bench: {spec.case_dict()['id']} (run {spec.run_id})\n"
-                      f"# {' '.join(cmd[:7])} ... (timeout {spec.timeout:g} s)\n")
+                      f"# {' '.join(cmd[:cmd.index('-m', 3) + 2])} ... "
+                      f"(timeout {spec.timeout:g} s)\n")
             log.flush()
             kills_before = oom_kills()
             try:
@@ -179,6 +192,9 @@ def launch(spec: RunSpec) -> Record:
             log.write(f"# slapo-bench: torchrun {_exit_text(rc) if rc is not None else 'killed'}"
                       f"{' after the timeout' if timed_out else ''}\n")
         kills_after = oom_kills()
+        if (spec.case.nodes > 1 and rc == 0 and not timed_out
+                and _own_record(spec) is None):
+            return None  # rank 0 ran on another node
         rose = (kills_before is not None and kills_after is not None
                 and kills_after > kills_before)
         record = conclude(spec, rc, timed_out, rundir,
@@ -192,20 +208,23 @@ def launch(spec: RunSpec) -> Record:
         rundir.rmdir()
 
 
-def run(spec: RunSpec) -> Record:
-    """Check ``spec`` against its system, then launch it; always returns the written record."""
+def run(spec: RunSpec) -> Record | None:
+    """Check ``spec`` against its system, then launch it; returns the written record (None on
+    a node of several that did not host rank 0: :func:`launch`)."""
     from slapo_ae.harness.systems import Unsupported, get_system
 
     spec.run_id = spec.run_id or uuid.uuid4().hex
     reason = None
+    local = spec.case.gpus_per_node  # the ranks this machine runs
+    here = " on this node" if spec.case.nodes > 1 else ""
     if spec.case.device == "cuda":
         visible = gpus.visible_gpus()
-        if spec.case.gpus > visible:
-            reason = f"needs {spec.case.gpus} GPUs, {visible} visible"
+        if local > visible:
+            reason = f"needs {local} GPUs{here}, {visible} visible"
     else:
         limit, rule = cpu_rank_limit()
-        if spec.case.gpus > limit:
-            reason = (f"needs {spec.case.gpus} CPU ranks; this machine holds at most {limit} "
+        if local > limit:
+            reason = (f"needs {local} CPU ranks{here}; this machine holds at most {limit} "
                       f"({rule})")
     if reason is None:
         try:

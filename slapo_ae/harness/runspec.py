@@ -41,6 +41,16 @@ class RunSpec:
     run_id: str = ""  # ties the record rank 0 writes to this launch
     launch_time: float | None = None  # parent's time.time() just before starting torchrun
     rundir: str | None = None  # where ranks leave their status files
+    rdzv_endpoint: str | None = None  # host:port every node's torchrun meets at (nodes > 1)
+
+    def __post_init__(self):
+        if self.case.nodes > 1 and not self.run_id:
+            # every node runs the same command: the same case and endpoint give the same id,
+            # which is the rendezvous id and ties rank 0's record to the launch on each node
+            import hashlib
+
+            key = f"{self.case.to_json()}@{self.rdzv_endpoint}"
+            self.run_id = hashlib.sha1(key.encode()).hexdigest()[:16]
 
     def case_dict(self) -> dict:
         """The record's ``case``."""
@@ -64,9 +74,8 @@ class RunSpec:
 
     def thread_budget(self) -> ThreadBudget:
         """How the case's cores are shared by its ranks (:mod:`slapo_ae.harness.threads`)."""
-        case = self.case
-        return ThreadBudget.for_case(self.cores or default_cores(case.device, case.gpus),
-                                     case.gpus)
+        ranks = self.case.gpus_per_node  # the ranks on this machine
+        return ThreadBudget.for_case(self.cores or default_cores(self.case.device, ranks), ranks)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
