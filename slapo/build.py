@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import state
-from .primitives.shard import shard_spec
+from .primitives.shard import local_slice, shard_spec
 from .sharding import first_rank, world_size
 
 TARGETS = (None, "deepspeed", "pipeline")
@@ -184,7 +184,7 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
                     dist.broadcast(value, src=first_rank(group), group=group)
                 spec = shard_spec(param)
                 if spec is not None:
-                    value = value.chunk(spec.world_size, dim=spec.axis)[rank]
+                    value = local_slice(value, spec, rank)
                 param.copy_(value)
     if bare:
         warnings.warn(f"no initialisation for the parameters of {', '.join(bare[:5])}: they are "
