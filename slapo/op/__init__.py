@@ -4,7 +4,8 @@ helpers of ``slapo.model_schedule.common``); they are plain functions and module
 their own. Each op picks its kernel by the device its tensors are on (``kernel_choices``).
 
 - ``attention`` / ``CoreAttention`` / ``hf_attention_forward`` / ``math_attention``: ``sdpa.py``
-- ``bias_gelu`` / ``LinearGeLU``: ``gelu.py``
+- ``FlashAttention`` (upstream Slapo's attention module, on SDPA): ``flash_attention.py``
+- ``bias_gelu`` / ``LinearGeLU`` / ``Conv1DGeLU`` (transformers' Conv1D): ``gelu.py``
 - ``dropout`` / ``Dropout``: ``dropout.py``
 - ``vocab_parallel_cross_entropy``: ``cross_entropy.py``
 - upstream Slapo's names: ``FusedQKV``, ``FusedMLP``, ``LinearWithSeparateBias``,
@@ -13,15 +14,26 @@ their own. Each op picks its kernel by the device its tensors are on (``kernel_c
 
 from .cross_entropy import vocab_parallel_cross_entropy
 from .dropout import Dropout, dropout, dropout_kernel
-from .gelu import LinearGeLU, bias_gelu, bias_gelu_kernel, compiled_kernel_state, gelu_approximation
+from .flash_attention import FlashAttention
+from .gelu import (
+    Conv1DGeLU,
+    LinearGeLU,
+    bias_gelu,
+    bias_gelu_kernel,
+    compiled_kernel_state,
+    gelu_approximation,
+)
 from .sdpa import (
     SLAPO_ATTENTION,
+    SLAPO_CORE_ATTENTION,
     CoreAttention,
     attention,
     hf_attention_forward,
+    hf_core_attention_forward,
     math_attention,
     merge_masks,
     register_hf_attention,
+    register_hf_core_attention,
 )
 from .upstream import (
     FusedMLP,
@@ -31,11 +43,13 @@ from .upstream import (
     ParallelCrossEntropy,
 )
 
-__all__ = ["SLAPO_ATTENTION", "CoreAttention", "Dropout", "FusedMLP", "FusedQKV", "LinearGeLU",
-           "LinearWithSeparateBias", "LinearWithSyncFunc", "ParallelCrossEntropy", "attention",
-           "bias_gelu", "bias_gelu_kernel", "compiled_kernel_state", "dropout", "dropout_kernel",
-           "gelu_approximation", "hf_attention_forward", "kernel_choices", "math_attention",
-           "merge_masks", "register_hf_attention", "vocab_parallel_cross_entropy"]
+__all__ = ["SLAPO_ATTENTION", "SLAPO_CORE_ATTENTION", "Conv1DGeLU", "CoreAttention", "Dropout",
+           "FlashAttention", "FusedMLP", "FusedQKV", "LinearGeLU", "LinearWithSeparateBias",
+           "LinearWithSyncFunc", "ParallelCrossEntropy", "attention", "bias_gelu",
+           "bias_gelu_kernel", "compiled_kernel_state", "dropout", "dropout_kernel",
+           "gelu_approximation", "hf_attention_forward", "hf_core_attention_forward",
+           "kernel_choices", "math_attention", "merge_masks", "register_hf_attention",
+           "register_hf_core_attention", "vocab_parallel_cross_entropy"]
 
 
 def kernel_choices(device_type: str) -> dict[str, str]:

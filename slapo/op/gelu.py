@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import state
+
 logger = logging.getLogger(__name__)
 
 ENV_COMPILE = "SLAPO_COMPILE_KERNELS"
@@ -151,3 +153,30 @@ class LinearGeLU(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, gelu approximate={self.approximate!r}"
+
+
+@state.conv1d_like_class  # shard splits it as transformers' Conv1D
+class Conv1DGeLU(nn.Module):
+    """``gelu(x @ W + b)`` for transformers' ``Conv1D`` (GPT-2's linear, weight ``(in, out)``),
+    the bias add and the GeLU fused (see ``bias_gelu``).
+
+    ``Conv1DGeLU.from_conv1d(conv, approximate)`` reuses ``conv``'s parameters (same objects)
+    and keeps its attributes ``nf`` (output features) and ``nx`` (input features), so
+    ``shard("weight", axis=1)`` splits it by columns as it does a Conv1D.
+    """
+
+    @classmethod
+    def from_conv1d(cls, conv: nn.Module, approximate: str = "none") -> Conv1DGeLU:
+        if approximate not in _EAGER:
+            raise ValueError(f"unknown GeLU approximation {approximate!r}")
+        new = cls()
+        new.nf, new.nx = conv.nf, conv.nx
+        new.weight, new.bias = conv.weight, conv.bias
+        new.approximate = approximate
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bias_gelu(torch.matmul(x, self.weight), self.bias, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"nf={self.nf}, nx={self.nx}, gelu approximate={self.approximate!r}"
