@@ -5,9 +5,11 @@
     model = slapo.build_module(sch)
 
 The schedule is chosen from the model itself: its config's ``model_type`` (``bert``,
-``roberta``, ``gpt_neo``, ``opt``, ``t5``, ``llama``, ``wideresnet``) names the module of its
-family here (``<model_type>.py``, each a ``schedule(sch, opts)``); shared building blocks live
-in ``common.py`` and kernels in ``slapo.op``.
+``roberta``, ``gpt2``, ``gpt_neo``, ``opt``, ``t5``, ``llama``, ``wideresnet``) names the module
+of its family here (``<model_type>.py``, each a ``schedule(sch, opts)``); shared building
+blocks live in ``common.py`` and kernels in ``slapo.op``. ``apply_schedule(model,
+model_config, **sch_config)`` (``api.py``) is upstream Slapo's entry point to the same
+schedules: it creates the schedule, applies the family's and returns the schedule.
 
 Options (each family honours all of them):
   tensor_parallel  shard attention heads and the FFN over ``sch``'s group (Megatron style:
@@ -26,8 +28,10 @@ Options (each family honours all of them):
                    interface), dropout whose mask is drawn the way that is fast on the device
                    (``slapo.op.Dropout``: uniform draws on CPU, ``F.dropout`` on CUDA), fused
                    bias+GeLU where the model has one (BERT and RoBERTa intermediate, GPT-Neo
-                   ``mlp.c_fc``); OPT, T5 and LLaMA have no GeLU after a biased linear,
-                   WideResNet nothing to replace.
+                   ``mlp.c_fc``, GPT-2 ``mlp.c_fc``, a Conv1D: ``slapo.op.Conv1DGeLU``); OPT,
+                   T5 and LLaMA have no GeLU after a biased linear, WideResNet nothing to
+                   replace. (GPT-2 with tensor_parallel computes its attention through SDPA
+                   in any case, see ``gpt2.py``.)
   ckpt_ratio       checkpoint the first ``round(ratio * layers)`` layers (Python's round; T5
                    counts encoder then decoder blocks, WideResNet its bottleneck blocks).
 The scheduled model is called exactly like the plain one and returns its loss the same way.
@@ -62,7 +66,7 @@ def checkpoint_layers(sch, layer_paths: list[str], ratio: float) -> int:
     return count
 
 
-FAMILIES = ("bert", "roberta", "gpt_neo", "opt", "t5", "llama", "wideresnet")
+FAMILIES = ("bert", "roberta", "gpt2", "gpt_neo", "opt", "t5", "llama", "wideresnet")
 
 
 def model_type(model) -> str | None:
@@ -84,3 +88,9 @@ def schedule_model(sch, family: str | None = None, **options) -> ScheduleOptions
             f"model types: {', '.join(FAMILIES)}")
     importlib.import_module(f".{family}", __name__).schedule(sch, opts)
     return opts
+
+
+from .api import apply_schedule  # noqa: E402  (it builds on the definitions above)
+
+__all__ = ["FAMILIES", "ScheduleOptions", "apply_schedule", "checkpoint_layers", "model_type",
+           "schedule_model"]

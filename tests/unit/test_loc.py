@@ -45,7 +45,8 @@ def test_counting_rule_on_known_source():
 
 def test_every_family_has_a_counted_schedule():
     counts = {c.family: c for c in count_all()}
-    assert set(counts) == set(FAMILIES) == set(model_schedule.FAMILIES)
+    # the paper's families; slapo schedules more (gpt2, from upstream Slapo)
+    assert set(counts) == set(FAMILIES) <= set(model_schedule.FAMILIES)
     for family, count in counts.items():
         assert "schedule" in count.functions
         assert 0 < count.lines <= count.statements + 5, count
