@@ -20,8 +20,8 @@ from .common import divide_heads, shard_vocab, tensor_parallel, use_device_dropo
 
 
 def schedule(sch, opts) -> None:
-    config = sch.mod.config
-    layers = [sch[f"transformer.h.{i}"] for i in range(config.n_layer)]
+    config, base = sch.mod.config, "transformer." if hasattr(sch.mod, "transformer") else ""
+    layers = [sch[f"{base}h.{i}"] for i in range(config.n_layer)]
     tp = tensor_parallel(sch, opts)
     if opts.kernel_opt:
         use_sdpa(sch)
@@ -43,8 +43,8 @@ def schedule(sch, opts) -> None:
             mlp.sync("bwd_post", "all_reduce")
             mlp["c_proj"].shard("weight", axis=0)
             mlp["c_proj"].sync("fwd_post", "all_reduce")
-        if opts.shard_embedding:
-            shard_vocab(sch, ["transformer.wte"], "lm_head", loss="causal")
+        if opts.shard_embedding and hasattr(sch.mod, "lm_head"):
+            shard_vocab(sch, [f"{base}wte"], "lm_head", loss="causal")
     checkpoint_layers(sch, [layer.path for layer in layers], opts.ckpt_ratio)
 
 

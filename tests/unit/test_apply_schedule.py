@@ -38,6 +38,19 @@ def test_returns_the_schedule_with_the_family_schedule_applied():
     torch.testing.assert_close(built(input_ids=ids, labels=ids).loss, expected)
 
 
+def test_a_bare_gpt2_model_is_scheduled_too():
+    from transformers import GPT2Model
+
+    _, config = _gpt2()
+    model = GPT2Model(config)
+    ids = torch.randint(0, 64, (2, 8))
+    expected = model(input_ids=ids).last_hidden_state
+    apply_schedule(model, config, ckpt_ratio=1.0)
+    assert type(model.h[1].mlp.c_fc).__name__ == "Conv1DGeLU"
+    assert all(getattr(block, "_slapo_checkpointed", False) for block in model.h)
+    torch.testing.assert_close(model(input_ids=ids).last_hidden_state, expected)
+
+
 def test_schedule_options_pass_through_and_dict_configs_work():
     model, config = _gpt2()
     apply_schedule(model, {"model_type": "gpt2"}, kernel_opt=False)
