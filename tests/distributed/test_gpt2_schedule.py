@@ -1,7 +1,8 @@
 """GPT-2 (transformers' GPT2LMHeadModel from a tiny config in code) scheduled with TP=2 on 2
 gloo ranks equals the plain model: loss, logits (vocabulary slices gathered) and every
 gradient (sharded ones gathered to full shape, c_attn's three parts put back in place) over 3
-SGD steps, fp32, with dropout off. Also: upstream's FlashAttention sharded as upstream's
+SGD steps, fp32, with dropout off. The attention-probability dropout draws from the per-rank
+stream, not the default generator. Also: upstream's FlashAttention sharded as upstream's
 schedule shards it (qkv by rows, out_proj by columns) equals the plain module; with dropout
 on, the scheduled GPT-2 still computes one loss on both ranks (the sharded attention
 probabilities draw per rank, the replicated activations alike).
@@ -101,10 +102,29 @@ def _dropout_loss():
     return model(**_batch(0)).loss.item()
 
 
+def _probability_dropout_stream():
+    """Dropout on the attention probabilities only: it must draw from the per-rank stream
+    (fork_rng on each attention's core), leaving the default generator, which replicated
+    dropout shares across ranks, where it was."""
+    from transformers import GPT2LMHeadModel
+
+    config = gpt2_config()
+    config.attn_pdrop = 0.3
+    torch.manual_seed(0)
+    model = slapo.build_module(apply_schedule(GPT2LMHeadModel(config), config)).train()
+    batch = _batch(0)
+    before = torch.get_rng_state()
+    dropped = model(**batch).loss.item()
+    untouched = torch.equal(torch.get_rng_state(), before)
+    return {"default_stream_untouched": untouched,
+            "dropout_acts": dropped != model.eval()(**batch).loss.item()}
+
+
 def _all_cases():
     return {"default": _gpt2(), "no_kernels": _gpt2(kernel_opt=False, ckpt_ratio=0.5),
             "gathered_logits": _gpt2(shard_embedding=False),
-            "flash_attention": _flash_attention_tp(), "dropout_loss": _dropout_loss()}
+            "flash_attention": _flash_attention_tp(), "dropout_loss": _dropout_loss(),
+            "probability_dropout": _probability_dropout_stream()}
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +159,12 @@ def test_gpt2_tp2_equals_plain(results, case):
 def test_flash_attention_sharded_as_upstream_equals_plain(results):
     for rank_results in results:
         _assert_equal_training(rank_results["flash_attention"], "FlashAttention")
+
+
+def test_gpt2_attention_probability_dropout_draws_per_rank(results):
+    for rank_results in results:
+        assert rank_results["probability_dropout"] == {"default_stream_untouched": True,
+                                                       "dropout_acts": True}
 
 
 def test_gpt2_with_dropout_one_loss_on_both_ranks(results):
