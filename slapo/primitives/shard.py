@@ -117,6 +117,10 @@ def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int,
                              f"{parts} part(s) too")
         return
     _check_row_parallel(module, name, axis, where)
+    if parts > 1 and axis == 0 and any(isinstance(m, nn.Embedding)
+                                       for m, _ in sch.param_owners(param)):
+        raise ValueError(f"cannot shard '{where}' along its vocabulary in {parts} parts: a "
+                         "vocabulary-parallel embedding keeps one contiguous range of ids")
     world = sch.world_size
     if param.shape[axis] % (world * parts):
         split = f"{parts} parts, each over {world} ranks" if parts > 1 else f"{world} ranks"
@@ -162,7 +166,7 @@ def _adjust_module(module: nn.Module, pname: str, spec: ShardSpec, sch, where: s
     elif isinstance(module, nn.Linear):
         if axis == 0:
             module.out_features //= world
-            _shard_bias(module, sch, where)
+            _shard_bias(module, sch, where, spec.parts)
         else:
             module.in_features //= world
             if not state.has_row_parallel_forward(module):
@@ -170,7 +174,7 @@ def _adjust_module(module: nn.Module, pname: str, spec: ShardSpec, sch, where: s
     elif isinstance(module, nn.modules.conv._ConvNd):
         if axis == 0:
             module.out_channels //= world
-            _shard_bias(module, sch, where)
+            _shard_bias(module, sch, where, spec.parts)
         elif axis == 1:
             module.in_channels //= world
             _use_deferred_bias(module)

@@ -2,8 +2,9 @@
 module: column parallel (weight axis 1, bias with it), row parallel (weight axis 0, the bias
 added once after the all-reduce), both in 3 parts (each rank keeps its slice of every third,
 the layout of GPT-2's fused q/k/v), and
-``slapo.op.Conv1DGeLU`` by columns. Outputs, loss and every gradient (sharded ones gathered to
-full shape) over 3 SGD steps, fp32.
+``slapo.op.Conv1DGeLU`` by columns; an nn.Linear pair in 3 parts too (its bias follows the
+parts). Outputs, loss and every gradient (sharded ones gathered to full shape) over 3 SGD
+steps, fp32. Also: build initialises the shards at full shape; the refusals.
 
 Tolerance: relative error (slapo.verify) at most 1e-5.
 """
@@ -76,8 +77,39 @@ def _train(fuse_gelu, schedule):
     return facts, train_side_by_side(plain, scheduled, batches, _loss)
 
 
+class LinearPair(nn.Module):
+    """nn.Linear column (weight axis 0) and row (axis 1) pair, for ``parts`` on a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.out = nn.Linear(16, 24), nn.Linear(24, 16)
+
+    def forward(self, x):
+        return self.out(self.inp(x))
+
+
+def _linear_in_parts():
+    torch.manual_seed(0)
+    plain = LinearPair()
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch["inp"].shard("weight", axis=0, parts=3)
+    sch["inp"].sync("bwd_post", "all_reduce")
+    sch["out"].shard("weight", axis=1, parts=3)
+    sch["out"].sync("fwd_post", "all_reduce")
+    scheduled = slapo.build_module(sch)
+    batches = [{"x": torch.randn(3, 16, generator=torch.Generator().manual_seed(s))}
+               for s in range(3)]
+    return shard_spec(scheduled.inp.bias), train_side_by_side(plain, scheduled, batches, _loss)
+
+
 def _refusals():
     found = {}
+    tied = nn.Sequential(nn.Embedding(12, 4), nn.Linear(4, 12))
+    tied[1].weight = tied[0].weight
+    try:
+        slapo.create_schedule(tied)["1"].shard("weight", axis=0, parts=3)
+    except ValueError as err:
+        found["embedding_parts"] = str(err)
     for name, axis, parts in (("uneven", 1, 1), ("uneven_parts", 1, 5)):
         sch = slapo.create_schedule(Block(inner=15))
         try:
@@ -114,6 +146,7 @@ def _all_cases():
         "column_row_qkv_parts": _train(False, lambda s: _column_row(s, parts=3)),
         "column_gathered": _train(False, _column_gathered),
         "gelu_column_row": _train(True, _column_row),
+        "linear_in_parts": _linear_in_parts(),
         "refusals": _refusals(),
     }
 
@@ -149,8 +182,19 @@ def test_build_initialises_conv1d_shards_at_full_shape(results):
             assert torch.equal(full[name], expected), name
 
 
+def test_linear_in_parts_equals_plain(results):
+    for rank_results in results:
+        bias_spec, reports = rank_results["linear_in_parts"]
+        assert bias_spec == ShardSpec(0, 2, (24,), 3)  # the bias follows the weight's parts
+        for step, report in enumerate(reports):
+            assert report.loss_error <= TOL and report.output_error <= TOL, step
+            assert report.max_grad_error[1] <= TOL, (step, report.max_grad_error)
+
+
 def test_conv1d_refusals_name_the_parameter(results):
     found = results[0]["refusals"]
+    assert "'1.weight'" in found["embedding_parts"]
+    assert "one contiguous range" in found["embedding_parts"]
     assert "'inp.weight'" in found["uneven"] and "not divisible by 2" in found["uneven"]
     assert "3 parts" not in found["uneven"]
     assert "in 5 parts, each over 2 ranks" in found["uneven_parts"]
