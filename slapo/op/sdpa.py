@@ -148,14 +148,15 @@ def hf_core_attention_forward(module: nn.Module, query, key, value, attention_ma
     """transformers' attention-interface signature computed by ``module.core`` (a
     ``CoreAttention`` holding the layer's causality, scale and probability dropout; the
     interface's ``dropout`` and ``scaling`` are those of the core). A mask built by the model
-    holds causality already; the core's causal mask then changes nothing.
-    Returns ``(output [B, Q, H, D], None)``."""
-    if kwargs.get("output_attentions"):
-        raise ValueError("slapo's SDPA attention does not return attention weights")
+    holds causality already; the core's causal mask then changes nothing. An attention module
+    without a core (one the schedule left alone, e.g. a cross attention) runs through
+    ``hf_attention_forward``. Returns ``(output [B, Q, H, D], None)``."""
     core = getattr(module, "core", None)
     if not isinstance(core, CoreAttention):
-        raise TypeError(f"{type(module).__name__} has no 'core' CoreAttention child, which "
-                        f"the attention implementation {SLAPO_CORE_ATTENTION!r} computes with")
+        return hf_attention_forward(module, query, key, value, attention_mask, dropout,
+                                    scaling, **kwargs)
+    if kwargs.get("output_attentions"):
+        raise ValueError("slapo's SDPA attention does not return attention weights")
     return core(query, key, value, attention_mask).transpose(1, 2).contiguous(), None
 
 

@@ -99,3 +99,25 @@ def test_refusals():
         attn(x, encoder_hidden_states=x)
     with pytest.raises(NotImplementedError, match="attention weights"):
         attn(x, output_attentions=True)
+
+
+def test_core_interface_computes_with_the_modules_core_or_plain_sdpa():
+    """hf_core_attention_forward: a module's ``core`` (its scale, causality) decides; a module
+    without one gets hf_attention_forward's result."""
+    from torch import nn
+
+    from slapo.op import CoreAttention, hf_attention_forward, hf_core_attention_forward
+
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(BATCH, HEADS, SEQ, HEAD) for _ in range(3))
+    with_core = nn.Module()
+    with_core.core = CoreAttention(causal=True, scale=0.5)
+    out, weights = hf_core_attention_forward(with_core, q, k, v, None, scaling=1.0)
+    scores = (q @ k.transpose(-1, -2) * 0.5).masked_fill(
+        torch.ones(SEQ, SEQ).triu(1).bool(), float("-inf"))
+    torch.testing.assert_close(out, (scores.softmax(-1) @ v).transpose(1, 2), atol=1e-5, rtol=0)
+    assert weights is None
+    bare = nn.Module()
+    bare.is_causal = False
+    torch.testing.assert_close(hf_core_attention_forward(bare, q, k, v, None, scaling=0.3)[0],
+                               hf_attention_forward(bare, q, k, v, None, scaling=0.3)[0])
