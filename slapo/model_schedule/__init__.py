@@ -1,4 +1,5 @@
-"""Schedules of the paper's models, one module per family, behind one entry point.
+"""Schedules of the paper's models (and of GPT-2, as upstream Slapo has one), one module per
+family, behind one entry point.
 
     sch = slapo.create_schedule(model)         # e.g. a transformers BertForMaskedLM
     schedule_model(sch, kernel_opt=True, ckpt_ratio=0.5)

@@ -22,13 +22,12 @@ from .common import divide_heads, shard_vocab, tensor_parallel, use_device_dropo
 def schedule(sch, opts) -> None:
     config, base = sch.mod.config, "transformer." if hasattr(sch.mod, "transformer") else ""
     layers = [sch[f"{base}h.{i}"] for i in range(config.n_layer)]
-    tp = tensor_parallel(sch, opts)
     if opts.kernel_opt:
         use_sdpa(sch)
         use_device_dropout(sch)
         for layer in layers:
             _fuse_conv1d_gelu(layer["mlp.c_fc"], layer["mlp.act"])
-    if tp:
+    if tensor_parallel(sch, opts):
         config._attn_implementation = register_hf_core_attention()
         for layer in layers:
             attn, mlp = layer["attn"], layer["mlp"]
