@@ -28,9 +28,6 @@ ATTR_ALIAS = "_slapo_attr_alias"  # {registered parameter name: attribute the gr
 # Written by the class definition of slapo.op.LinearWithSyncFunc; read by shard, which then
 # keeps the class's own forward for a row-parallel shard (it reduces before its bias).
 ROW_PARALLEL_FORWARD = "_slapo_row_parallel_forward"  # True: the forward syncs, then adds bias
-# Written by the class definition of slapo.op.Conv1DGeLU; read by shard, which then shards
-# it as transformers' Conv1D (weight (in, out), attributes nf and nx).
-CONV1D_LIKE = "_slapo_conv1d_like"  # True: the module computes from x @ weight, as Conv1D
 
 # --- marks of module instances ------------------------------------------------------------
 # Written and read by checkpoint (applying it twice is a no-op).
@@ -101,17 +98,6 @@ def row_parallel_forward_class(cls: type) -> type:
 
 def has_row_parallel_forward(mod: Any) -> bool:
     return getattr(type(mod), ROW_PARALLEL_FORWARD, False)
-
-
-def conv1d_like_class(cls: type) -> type:
-    """Class decorator: ``cls`` holds a transposed weight ``(nx, nf)`` as transformers'
-    Conv1D does, and shard splits it as one."""
-    setattr(cls, CONV1D_LIKE, True)
-    return cls
-
-
-def is_conv1d_like(mod: Any) -> bool:
-    return getattr(type(mod), CONV1D_LIKE, False)
 
 
 # Instance marks.

@@ -16,7 +16,6 @@ from .cross_entropy import vocab_parallel_cross_entropy
 from .dropout import Dropout, dropout, dropout_kernel
 from .flash_attention import FlashAttention
 from .gelu import (
-    Conv1DGeLU,
     LinearGeLU,
     bias_gelu,
     bias_gelu_kernel,
@@ -50,6 +49,13 @@ __all__ = ["SLAPO_ATTENTION", "SLAPO_CORE_ATTENTION", "Conv1DGeLU", "CoreAttenti
            "gelu_approximation", "hf_attention_forward", "hf_core_attention_forward",
            "kernel_choices", "math_attention", "merge_masks", "register_hf_attention",
            "register_hf_core_attention", "vocab_parallel_cross_entropy"]
+
+
+def __getattr__(name: str):
+    if name == "Conv1DGeLU":  # made on first use: it derives from transformers' Conv1D
+        from . import gelu
+        return gelu.Conv1DGeLU
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def kernel_choices(device_type: str) -> dict[str, str]:

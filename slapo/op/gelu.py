@@ -23,8 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import state
-
 logger = logging.getLogger(__name__)
 
 ENV_COMPILE = "SLAPO_COMPILE_KERNELS"
@@ -155,28 +153,48 @@ class LinearGeLU(nn.Linear):
         return f"{super().extra_repr()}, gelu approximate={self.approximate!r}"
 
 
-@state.conv1d_like_class  # shard splits it as transformers' Conv1D
-class Conv1DGeLU(nn.Module):
-    """``gelu(x @ W + b)`` for transformers' ``Conv1D`` (GPT-2's linear, weight ``(in, out)``),
-    the bias add and the GeLU fused (see ``bias_gelu``).
+def _make_conv1d_gelu() -> type:
+    """``Conv1DGeLU``, made on first use: it derives from transformers' ``Conv1D`` (so that
+    transformers' initialisation and ``shard`` treat it as one), and slapo imports
+    transformers only where a feature needs it."""
+    from transformers.pytorch_utils import Conv1D
 
-    ``Conv1DGeLU.from_conv1d(conv, approximate)`` reuses ``conv``'s parameters (same objects)
-    and keeps its attributes ``nf`` (output features) and ``nx`` (input features), so
-    ``shard("weight", axis=1)`` splits it by columns as it does a Conv1D.
-    """
+    class Conv1DGeLU(Conv1D):
+        """``gelu(x @ W + b)`` for transformers' ``Conv1D`` (GPT-2's linear, weight
+        ``(in, out)``), the bias add and the GeLU fused (see ``bias_gelu``).
 
-    @classmethod
-    def from_conv1d(cls, conv: nn.Module, approximate: str = "none") -> Conv1DGeLU:
-        if approximate not in _EAGER:
-            raise ValueError(f"unknown GeLU approximation {approximate!r}")
-        new = cls()
-        new.nf, new.nx = conv.nf, conv.nx
-        new.weight, new.bias = conv.weight, conv.bias
-        new.approximate = approximate
-        return new
+        ``Conv1DGeLU.from_conv1d(conv, approximate)`` reuses ``conv``'s parameters (same
+        objects) and its ``nf`` / ``nx``; ``shard("weight", axis=1)`` splits it by columns as
+        a Conv1D (by rows it is refused: GeLU of a partial sum is not a partial sum).
+        """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bias_gelu(torch.matmul(x, self.weight), self.bias, self.approximate)
+        approximate: str = "none"
 
-    def extra_repr(self) -> str:
-        return f"nf={self.nf}, nx={self.nx}, gelu approximate={self.approximate!r}"
+        @classmethod
+        def from_conv1d(cls, conv: nn.Module, approximate: str = "none") -> Conv1DGeLU:
+            if approximate not in _EAGER:
+                raise ValueError(f"unknown GeLU approximation {approximate!r}")
+            new = cls.__new__(cls)
+            nn.Module.__init__(new)
+            new.nf, new.nx = conv.nf, conv.nx
+            new.weight, new.bias = conv.weight, conv.bias
+            new.approximate = approximate
+            return new
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return bias_gelu(torch.matmul(x, self.weight), self.bias, self.approximate)
+
+        __repr__ = nn.Module.__repr__  # Conv1D's own leaves out the GeLU
+
+        def extra_repr(self) -> str:
+            return f"nf={self.nf}, nx={self.nx}, gelu approximate={self.approximate!r}"
+
+    Conv1DGeLU.__module__, Conv1DGeLU.__qualname__ = __name__, "Conv1DGeLU"  # picklable
+    return Conv1DGeLU
+
+
+def __getattr__(name: str):
+    if name == "Conv1DGeLU":
+        globals()[name] = cls = _make_conv1d_gelu()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

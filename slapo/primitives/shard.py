@@ -146,9 +146,9 @@ def _hf_conv1d() -> type | None:
 
 
 def _is_conv1d(module: nn.Module) -> bool:
-    """A transformers ``Conv1D`` or a module computing ``x @ weight + bias`` as one does."""
+    """A transformers ``Conv1D`` (``slapo.op.Conv1DGeLU`` included)."""
     conv1d = _hf_conv1d()
-    return (conv1d is not None and isinstance(module, conv1d)) or state.is_conv1d_like(module)
+    return conv1d is not None and isinstance(module, conv1d)
 
 
 def _adjust_module(module: nn.Module, pname: str, spec: ShardSpec, sch, where: str) -> None:
@@ -196,9 +196,7 @@ def _check_row_parallel(module: nn.Module, name: str, axis: int, where: str) -> 
     with a forward of its own would lose that forward's work, so it is refused, before any
     parameter changes."""
     if _is_conv1d(module):
-        conv1d = _hf_conv1d()
-        own_forward = conv1d is None or type(module).forward is not conv1d.forward
-        if name == "weight" and axis == 0 and own_forward:
+        if name == "weight" and axis == 0 and type(module).forward is not _hf_conv1d().forward:
             raise ValueError(
                 f"cannot shard '{where}' along its input axis (0): {type(module).__name__} "
                 "computes more than transformers' Conv1D (x @ weight + bias), and a "
