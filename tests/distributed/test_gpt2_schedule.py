@@ -2,10 +2,11 @@
 gloo ranks equals the plain model: loss, logits (vocabulary slices gathered) and every
 gradient (sharded ones gathered to full shape, c_attn's three parts put back in place) over 3
 SGD steps, fp32, with dropout off. The attention-probability dropout draws from the per-rank
-stream, not the default generator. Also: upstream's FlashAttention sharded as upstream's
-schedule shards it (qkv by rows, out_proj by columns) equals the plain module; with dropout
-on, the scheduled GPT-2 still computes one loss on both ranks (the sharded attention
-probabilities draw per rank, the replicated activations alike).
+stream, not the default generator. build(init_weights=True) gives the sharded model the
+unsharded model's initial values (transformers' scaled c_proj included). Also: upstream's
+FlashAttention sharded as upstream's schedule shards it (qkv by rows, out_proj by columns)
+equals the plain module; with dropout on, the scheduled GPT-2 still computes one loss on both
+ranks (the sharded attention probabilities draw per rank, the replicated activations alike).
 
 Tolerance: relative error (slapo.verify) at most 1e-5, as tests/distributed/test_tp_equivalence.
 """
@@ -20,7 +21,7 @@ import slapo
 from slapo.model_schedule import apply_schedule
 from slapo.op import FlashAttention
 from slapo.sharding import all_gather_forward
-from slapo.verify import train_side_by_side
+from slapo.verify import full_tensor, train_side_by_side
 
 TOL = 1e-5
 STEPS = 3
@@ -120,11 +121,30 @@ def _probability_dropout_stream():
             "dropout_acts": dropped != model.eval()(**batch).loss.item()}
 
 
+def _initialised():
+    """build(init_weights=True) of the TP GPT-2, a different seed per rank (rank 0's draws are
+    broadcast), gathered; and the unsharded GPT-2 initialised from rank 0's seed."""
+    import torch.distributed as dist
+    from transformers import GPT2LMHeadModel
+
+    from slapo.build import initialize
+
+    config = gpt2_config()
+    sch = apply_schedule(GPT2LMHeadModel(config), config)
+    torch.manual_seed(5 + 100 * dist.get_rank())
+    model, _ = slapo.build(sch, init_weights=True)
+    sharded = {name: full_tensor(p, p) for name, p in model.named_parameters()}
+    plain = GPT2LMHeadModel(config)
+    torch.manual_seed(5)
+    initialize(plain, True, broadcast=False)
+    return sharded, {name: p.detach().clone() for name, p in plain.named_parameters()}
+
+
 def _all_cases():
     return {"default": _gpt2(), "no_kernels": _gpt2(kernel_opt=False, ckpt_ratio=0.5),
             "gathered_logits": _gpt2(shard_embedding=False),
             "flash_attention": _flash_attention_tp(), "dropout_loss": _dropout_loss(),
-            "probability_dropout": _probability_dropout_stream()}
+            "probability_dropout": _probability_dropout_stream(), "initialised": _initialised()}
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +189,15 @@ def test_gpt2_attention_probability_dropout_draws_per_rank(results):
 
 def test_gpt2_with_dropout_one_loss_on_both_ranks(results):
     assert results[0]["dropout_loss"] == pytest.approx(results[1]["dropout_loss"], rel=1e-6)
+
+
+def test_gpt2_tp2_initialises_as_the_unsharded_model(results):
+    """Same values at full shape (c_attn's three parts included), and transformers' scaled
+    initialisation of c_proj (from GPT2Attention and GPT2MLP: std 0.02 / sqrt(2 * layers))."""
+    for sharded, plain in (rank_results["initialised"] for rank_results in results):
+        assert sharded.keys() == plain.keys()
+        for name, value in plain.items():
+            assert torch.equal(sharded[name], value), name
+        assert 0.008 < plain["transformer.h.0.attn.c_proj.weight"].std() < 0.012
+        assert 0.008 < plain["transformer.h.1.mlp.c_proj.weight"].std() < 0.012
+        assert 0.017 < plain["transformer.h.0.attn.c_attn.weight"].std() < 0.023
