@@ -8,7 +8,8 @@ Upstream keys and what they do here:
 - ``prefix``: the path of the base model (``"transformer"``, ``"bert"``, ...), checked to name
   a module of the model; the family schedules find their layers from the root themselves;
 - ``ckpt_ratio``: checkpoint that share of the layers, the first ones (``checkpoint_method``
-  ``"head"``); upstream's ``"uniform"`` spacing is refused;
+  ``"head"``); upstream's ``"uniform"`` spacing is refused for ratios strictly between 0 and 1
+  (at 0 and 1 both methods checkpoint the same layers);
 - ``attn_op_name``: accepted; every attention runs on ``scaled_dot_product_attention``;
 - ``delay_init``: accepted; the schedules keep the model's weights, nothing is re-created;
 - ``bcast_input``, ``sequence_parallel``, ``pipeline_cuts``: accepted when off (False, None,
@@ -42,10 +43,14 @@ def apply_schedule(model, model_config, **sch_config):
     if on:
         raise NotImplementedError(f"apply_schedule: {', '.join(on)} not supported by slapo's "
                                   "model schedules; leave it off")
-    method = sch_config.get("checkpoint_method", "head")
-    if method != "head":
-        raise NotImplementedError(f"apply_schedule: checkpoint_method {method!r} not supported; "
-                                  "the schedules checkpoint the first layers ('head')")
+    method, ratio = sch_config.get("checkpoint_method", "head"), sch_config.get("ckpt_ratio", 0)
+    if method not in ("head", "uniform"):
+        raise ValueError(f"apply_schedule: unknown checkpoint_method {method!r}; expected "
+                         "'head' or 'uniform'")
+    if method == "uniform" and 0 < ratio < 1:  # at 0 and 1 the two methods agree
+        raise NotImplementedError("apply_schedule: checkpoint_method 'uniform' (every "
+                                  "1/ckpt_ratio-th layer) not supported; the schedules "
+                                  "checkpoint the first layers ('head')")
     family = _config_type(model_config)
     if family is None:
         raise ValueError("apply_schedule: model_config has no model_type to choose the schedule")

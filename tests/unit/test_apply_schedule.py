@@ -29,6 +29,7 @@ def test_returns_the_schedule_with_the_family_schedule_applied():
     ids = torch.randint(0, 64, (2, 8))
     expected = model(input_ids=ids, labels=ids).loss
     sch = apply_schedule(model, config, ckpt_ratio=0.5, prefix="transformer",
+                         checkpoint_method="head",
                          attn_op_name="cuda", delay_init=True, bcast_input=False,
                          pipeline_cuts=None, sequence_parallel=False)
     assert isinstance(sch, slapo.Schedule) and sch.mod is model
@@ -53,7 +54,8 @@ def test_a_bare_gpt2_model_is_scheduled_too():
 
 def test_schedule_options_pass_through_and_dict_configs_work():
     model, config = _gpt2()
-    apply_schedule(model, {"model_type": "gpt2"}, kernel_opt=False)
+    apply_schedule(model, {"model_type": "gpt2"}, kernel_opt=False,
+                   checkpoint_method="uniform")  # upstream's default; no layer at ratio 0
     assert type(model.transformer.h[0].mlp.c_fc).__name__ == "Conv1D"
     assert _checkpointed(model) == []
 
@@ -70,7 +72,8 @@ def test_half_precision_casts_the_model(key, dtype):
     ({"fp16": True, "bf16": True}, ValueError, "both fp16 and bf16"),
     ({"sequence_parallel": True}, NotImplementedError, "sequence_parallel"),
     ({"pipeline_cuts": [[1]]}, NotImplementedError, "pipeline_cuts"),
-    ({"checkpoint_method": "uniform"}, NotImplementedError, "'uniform'"),
+    ({"checkpoint_method": "uniform", "ckpt_ratio": 0.5}, NotImplementedError, "'uniform'"),
+    ({"checkpoint_method": "every"}, ValueError, "unknown checkpoint_method 'every'"),
     ({"prefix": "gpt2"}, ValueError, "prefix 'gpt2' names no module of GPT2LMHeadModel"),
     ({"ckpt_ratio": 2.0}, ValueError, "ckpt_ratio"),
 ])
