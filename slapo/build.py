@@ -10,10 +10,11 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import state
-from .primitives.shard import shard_spec
-from .sharding import first_rank, world_size
+from .primitives.shard import full_layout, local_slice, shard_spec
+from .sharding import first_rank, gather_sharded, world_size
 
 TARGETS = (None, "deepspeed", "pipeline")
 
@@ -146,6 +147,14 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
     values are then broadcast from the first rank of ``group`` (when it has more than one), so
     that every rank holds the same model; each rank keeps its slice. The parameter objects
     stay the same, with their shard specs, annotations and ties.
+
+    With ``True``, a module without parameters of its own is initialised too where the
+    model's ``_init_weights`` writes parameters below it (GPT-2 scales ``c_proj`` from
+    ``GPT2Attention`` and ``GPT2MLP``, T5 initialises its projections from ``T5Attention``),
+    in ``apply`` order as transformers does: a trial call on full-shape meta tensors (no
+    memory, no random draws) finds what it writes; the call then runs with those parameters at
+    full shape (the others stay on the meta device unless it reads them), and they are
+    broadcast and sliced as above.
     """
     if init_weights is True:
         init = getattr(model, "_init_weights", None)
@@ -162,6 +171,8 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
         for module in order:
             params = {name: p for name, p in module._parameters.items() if p is not None}
             own = {name: p for name, p in params.items() if id(p) not in done}
+            if not params and init is not None and init_weights is True:
+                _init_from_above(module, init, group, spread, rank)
             if not own:
                 continue
             done.update(id(p) for p in own.values())
@@ -184,11 +195,85 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
                     dist.broadcast(value, src=first_rank(group), group=group)
                 spec = shard_spec(param)
                 if spec is not None:
-                    value = value.chunk(spec.world_size, dim=spec.axis)[rank]
+                    value = local_slice(value, spec, rank)
                 param.copy_(value)
     if bare:
         warnings.warn(f"no initialisation for the parameters of {', '.join(bare[:5])}: they are "
                       "zeros (pass init_weights=fn)", stacklevel=3)
+
+
+class _WriteLog(TorchDispatchMode):
+    """Records which of ``tensors`` (by key) an operation writes in place (through any view)."""
+
+    def __init__(self, tensors: dict[int, torch.Tensor]):
+        super().__init__()
+        self.tensors, self.written = tensors, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                value = args[i] if i < len(args) else kwargs.get(arg.name)
+                if isinstance(value, torch.Tensor):
+                    self.written.update(key for key, t in self.tensors.items()
+                                        if torch._C._is_alias_of(value, t))
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _swapped(holders: list[tuple[nn.Module, str, nn.Parameter]], new: dict[int, torch.Tensor]):
+    """Each ``(module, name, param)`` of ``holders`` holds ``new[id(param)]`` instead."""
+    for module, name, param in holders:
+        module._parameters[name] = new[id(param)]
+    try:
+        yield
+    finally:
+        for module, name, param in holders:
+            module._parameters[name] = param
+
+
+def _init_from_above(module: nn.Module, call: Callable, group, spread: bool, rank: int) -> None:
+    """``call(module)`` for a module without parameters of its own, where it writes parameters
+    of its descendants (see ``initialize``)."""
+    holders = [(sub, name, p) for sub in module.modules() if sub is not module
+               for name, p in sub._parameters.items() if p is not None]
+    below = {id(p): p for _, _, p in holders}
+    if not below:
+        return
+    meta = {key: nn.Parameter(torch.empty(_full_shape(p), dtype=p.dtype, device="meta"))
+            for key, p in below.items()}
+    try:
+        with _swapped(holders, meta), _WriteLog(meta) as log:
+            call(module)
+        written = log.written
+    except Exception:  # noqa: BLE001 - an initialiser meta cannot run: take it as writing all
+        written = set(below)
+    if not written:
+        return
+    # only the written parameters get storage (a root's initialiser may write one embedding
+    # of a large model); one that reads another parameter's values gets them all
+    full = {**meta, **{key: nn.Parameter(_full_value(below[key], group)) for key in written}}
+    try:
+        with _swapped(holders, full):
+            call(module)
+    except Exception:  # noqa: BLE001 - it read a parameter left on the meta device
+        full = {key: nn.Parameter(_full_value(p, group)) for key, p in below.items()}
+        with _swapped(holders, full):
+            call(module)
+    for key in [key for key in below if key in written]:  # the same order on every rank
+        value = full[key].data
+        if spread:
+            dist.broadcast(value, src=first_rank(group), group=group)
+        spec = shard_spec(below[key])
+        below[key].copy_(value if spec is None else local_slice(value, spec, rank))
+
+
+def _full_value(param: torch.Tensor, group) -> torch.Tensor:
+    """A copy of ``param`` at full shape (a collective for one sharded over ranks)."""
+    spec = shard_spec(param)
+    if spec is None or spec.world_size == 1:
+        return param.detach().clone()
+    return full_layout(gather_sharded(param, spec.axis, group), spec)
 
 
 def _full_shape(param: torch.Tensor) -> tuple[int, ...]:

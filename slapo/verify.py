@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .primitives.shard import shard_spec
+from .primitives.shard import full_layout, shard_spec
 from .sharding import all_gather_forward, first_rank, gather_sharded, world_size
 from .tracing import has_foreign_hooks
 
@@ -38,7 +38,9 @@ def full_tensor(param: nn.Parameter, value: torch.Tensor, group=None) -> torch.T
     """``value`` (the parameter or its gradient) at the parameter's full, unsharded shape.
     A collective for sharded parameters: every rank must call it in the same order."""
     spec = shard_spec(param)
-    return value.detach() if spec is None else gather_sharded(value, spec.axis, group)
+    if spec is None:
+        return value.detach()
+    return full_layout(gather_sharded(value, spec.axis, group), spec)
 
 
 @dataclass

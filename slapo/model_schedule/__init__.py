@@ -1,13 +1,16 @@
-"""Schedules of the paper's models, one module per family, behind one entry point.
+"""Schedules of the paper's models (and of GPT-2, as upstream Slapo has one), one module per
+family, behind one entry point.
 
     sch = slapo.create_schedule(model)         # e.g. a transformers BertForMaskedLM
     schedule_model(sch, kernel_opt=True, ckpt_ratio=0.5)
     model = slapo.build_module(sch)
 
 The schedule is chosen from the model itself: its config's ``model_type`` (``bert``,
-``roberta``, ``gpt_neo``, ``opt``, ``t5``, ``llama``, ``wideresnet``) names the module of its
-family here (``<model_type>.py``, each a ``schedule(sch, opts)``); shared building blocks live
-in ``common.py`` and kernels in ``slapo.op``.
+``roberta``, ``gpt2``, ``gpt_neo``, ``opt``, ``t5``, ``llama``, ``wideresnet``) names the module
+of its family here (``<model_type>.py``, each a ``schedule(sch, opts)``); shared building
+blocks live in ``common.py`` and kernels in ``slapo.op``. ``apply_schedule(model,
+model_config, **sch_config)`` (``api.py``) is upstream Slapo's entry point to the same
+schedules: it creates the schedule, applies the family's and returns the schedule.
 
 Options (each family honours all of them):
   tensor_parallel  shard attention heads and the FFN over ``sch``'s group (Megatron style:
@@ -27,9 +30,11 @@ Options (each family honours all of them):
                    (``slapo.op.Dropout``: uniform draws on CPU, ``F.dropout`` on CUDA), fused
                    bias+GeLU where the model has one (BERT and RoBERTa intermediate, GPT-Neo
                    MLP: found in the traced block and fused, compiled with
-                   ``slapo.op.kernel_compiler()``: Inductor on CUDA, uncompiled on CPU); OPT,
-                   T5 and LLaMA have no GeLU after a biased linear, WideResNet nothing to
-                   replace.
+                   ``slapo.op.kernel_compiler()``: Inductor on CUDA, uncompiled on CPU;
+                   GPT-2 ``mlp.c_fc``, a Conv1D: ``slapo.op.Conv1DGeLU``); OPT, T5 and LLaMA
+                   have no GeLU after a biased linear, WideResNet nothing to replace. (GPT-2
+                   with tensor_parallel computes its attention through SDPA in any case, see
+                   ``gpt2.py``.)
   ckpt_ratio       checkpoint the first ``round(ratio * layers)`` layers (Python's round; T5
                    counts encoder then decoder blocks, WideResNet its bottleneck blocks).
 The scheduled model is called exactly like the plain one and returns its loss the same way.
@@ -73,7 +78,7 @@ def checkpoint_layers(layers: list, ratio: float) -> int:
     return count
 
 
-FAMILIES = ("bert", "roberta", "gpt_neo", "opt", "t5", "llama", "wideresnet")
+FAMILIES = ("bert", "roberta", "gpt2", "gpt_neo", "opt", "t5", "llama", "wideresnet")
 
 
 def model_type(model) -> str | None:
@@ -95,3 +100,9 @@ def schedule_model(sch, family: str | None = None, **options) -> ScheduleOptions
             f"model types: {', '.join(FAMILIES)}")
     importlib.import_module(f".{family}", __name__).schedule(sch, opts)
     return opts
+
+
+from .api import apply_schedule  # noqa: E402  (it builds on the definitions above)
+
+__all__ = ["FAMILIES", "ScheduleOptions", "apply_schedule", "checkpoint_layers", "model_type",
+           "schedule_model"]

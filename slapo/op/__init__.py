@@ -7,7 +7,9 @@ device its tensors are on (``kernel_choices``).
 
 - ``attention`` / ``CoreAttention`` / ``hf_attention_forward`` / ``math_attention`` / ``use_sdpa``:
   ``sdpa.py``
-- ``bias_gelu`` / ``LinearGeLU`` / ``kernel_compiler`` (the backend for ``fuse``): ``gelu.py``
+- ``FlashAttention`` (upstream Slapo's attention module, on SDPA): ``flash_attention.py``
+- ``bias_gelu`` / ``LinearGeLU`` / ``Conv1DGeLU`` (transformers' Conv1D) / ``kernel_compiler``
+  (the backend for ``fuse``): ``gelu.py``
 - ``dropout`` / ``Dropout`` / ``use_device_dropout``: ``dropout.py``
 - ``vocab_parallel_cross_entropy`` / ``vocab_parallel_loss``: ``cross_entropy.py``
 - upstream Slapo's names: ``FusedQKV``, ``FusedMLP``, ``LinearWithSeparateBias``,
@@ -16,6 +18,7 @@ device its tensors are on (``kernel_choices``).
 
 from .cross_entropy import LOSS_KINDS, vocab_parallel_cross_entropy, vocab_parallel_loss
 from .dropout import Dropout, dropout, dropout_kernel, use_device_dropout
+from .flash_attention import FlashAttention
 from .gelu import (
     LinearGeLU,
     bias_gelu,
@@ -26,12 +29,15 @@ from .gelu import (
 )
 from .sdpa import (
     SLAPO_ATTENTION,
+    SLAPO_CORE_ATTENTION,
     CoreAttention,
     attention,
     hf_attention_forward,
+    hf_core_attention_forward,
     math_attention,
     merge_masks,
     register_hf_attention,
+    register_hf_core_attention,
     use_sdpa,
 )
 from .upstream import (
@@ -42,13 +48,21 @@ from .upstream import (
     ParallelCrossEntropy,
 )
 
-__all__ = ["CoreAttention", "Dropout", "FusedMLP", "FusedQKV", "LOSS_KINDS", "LinearGeLU",
-           "LinearWithSeparateBias", "LinearWithSyncFunc", "ParallelCrossEntropy",
-           "SLAPO_ATTENTION", "attention", "bias_gelu", "bias_gelu_kernel",
-           "compiled_kernel_state", "dropout", "dropout_kernel", "gelu_approximation",
-           "hf_attention_forward", "kernel_choices", "kernel_compiler", "math_attention",
-           "merge_masks", "register_hf_attention", "use_device_dropout", "use_sdpa",
+__all__ = ["Conv1DGeLU", "CoreAttention", "Dropout", "FlashAttention", "FusedMLP", "FusedQKV",
+           "LOSS_KINDS", "LinearGeLU", "LinearWithSeparateBias", "LinearWithSyncFunc",
+           "ParallelCrossEntropy", "SLAPO_ATTENTION", "SLAPO_CORE_ATTENTION", "attention",
+           "bias_gelu", "bias_gelu_kernel", "compiled_kernel_state", "dropout", "dropout_kernel",
+           "gelu_approximation", "hf_attention_forward", "hf_core_attention_forward",
+           "kernel_choices", "kernel_compiler", "math_attention", "merge_masks",
+           "register_hf_attention", "register_hf_core_attention", "use_device_dropout", "use_sdpa",
            "vocab_parallel_cross_entropy", "vocab_parallel_loss"]
+
+
+def __getattr__(name: str):
+    if name == "Conv1DGeLU":  # made on first use: it derives from transformers' Conv1D
+        from . import gelu
+        return gelu.Conv1DGeLU
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def kernel_choices(device_type: str) -> dict[str, str]:

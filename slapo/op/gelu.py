@@ -161,3 +161,50 @@ class LinearGeLU(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, gelu approximate={self.approximate!r}"
+
+
+def _make_conv1d_gelu() -> type:
+    """``Conv1DGeLU``, made on first use: it derives from transformers' ``Conv1D`` (so that
+    transformers' initialisation and ``shard`` treat it as one), and slapo imports
+    transformers only where a feature needs it."""
+    from transformers.pytorch_utils import Conv1D
+
+    class Conv1DGeLU(Conv1D):
+        """``gelu(x @ W + b)`` for transformers' ``Conv1D`` (GPT-2's linear, weight
+        ``(in, out)``), the bias add and the GeLU fused (see ``bias_gelu``).
+
+        ``Conv1DGeLU.from_conv1d(conv, approximate)`` reuses ``conv``'s parameters (same
+        objects) and its ``nf`` / ``nx``; ``shard("weight", axis=1)`` splits it by columns as
+        a Conv1D (by rows it is refused: GeLU of a partial sum is not a partial sum).
+        """
+
+        approximate: str = "none"
+
+        @classmethod
+        def from_conv1d(cls, conv: nn.Module, approximate: str = "none") -> Conv1DGeLU:
+            if approximate not in _EAGER:
+                raise ValueError(f"unknown GeLU approximation {approximate!r}")
+            new = cls.__new__(cls)
+            nn.Module.__init__(new)
+            new.nf, new.nx = conv.nf, conv.nx
+            new.weight, new.bias = conv.weight, conv.bias
+            new.approximate = approximate
+            return new
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return bias_gelu(torch.matmul(x, self.weight), self.bias, self.approximate)
+
+        __repr__ = nn.Module.__repr__  # Conv1D's own leaves out the GeLU
+
+        def extra_repr(self) -> str:
+            return f"nf={self.nf}, nx={self.nx}, gelu approximate={self.approximate!r}"
+
+    Conv1DGeLU.__module__, Conv1DGeLU.__qualname__ = __name__, "Conv1DGeLU"  # picklable
+    return Conv1DGeLU
+
+
+def __getattr__(name: str):
+    if name == "Conv1DGeLU":
+        globals()[name] = cls = _make_conv1d_gelu()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

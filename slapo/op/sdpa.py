@@ -27,6 +27,9 @@ instead. They are padding positions, which carry no loss.
 under ``SLAPO_ATTENTION`` (``register_hf_attention``), a model whose configs name it runs every
 interface-based attention (BERT, RoBERTa, OPT, LLaMA, T5) through this file. ``CoreAttention``
 wraps ``attention`` in a module for attention code that does not use the interface (GPT-Neo).
+``hf_core_attention_forward`` (``SLAPO_CORE_ATTENTION``, ``register_hf_core_attention``) is the
+interface computed by the attention module's own ``core`` child, a ``CoreAttention``: the
+attention core is then a node of the schedule (GPT-2, to ``fork_rng`` its dropout).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from torch import nn
 from .dropout import dropout
 
 SLAPO_ATTENTION = "slapo_sdpa"
+SLAPO_CORE_ATTENTION = "slapo_sdpa_core"
 
 
 def _structural_mask(q_len: int, k_len: int, causal: bool, window: int | None,
@@ -139,15 +143,42 @@ def hf_attention_forward(module: nn.Module, query, key, value, attention_mask, d
     return out.transpose(1, 2).contiguous(), None
 
 
-def register_hf_attention() -> str:
-    """Register ``hf_attention_forward`` (with HF's SDPA mask builder) in transformers under
-    ``SLAPO_ATTENTION``; idempotent. Returns the name to put in ``config._attn_implementation``."""
+def hf_core_attention_forward(module: nn.Module, query, key, value, attention_mask, dropout=0.0,
+                              scaling=None, **kwargs):
+    """transformers' attention-interface signature computed by ``module.core`` (a
+    ``CoreAttention`` holding the layer's causality, scale and probability dropout; the
+    interface's ``dropout`` and ``scaling`` are those of the core). A mask built by the model
+    holds causality already; the core's causal mask then changes nothing. An attention module
+    without a core (one the schedule left alone, e.g. a cross attention) runs through
+    ``hf_attention_forward``. Returns ``(output [B, Q, H, D], None)``."""
+    core = getattr(module, "core", None)
+    if not isinstance(core, CoreAttention):
+        return hf_attention_forward(module, query, key, value, attention_mask, dropout,
+                                    scaling, **kwargs)
+    if kwargs.get("output_attentions"):
+        raise ValueError("slapo's SDPA attention does not return attention weights")
+    return core(query, key, value, attention_mask).transpose(1, 2).contiguous(), None
+
+
+def _register(name: str, fn) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(SLAPO_ATTENTION, hf_attention_forward)
-    AttentionMaskInterface.register(SLAPO_ATTENTION, sdpa_mask)
-    return SLAPO_ATTENTION
+    AttentionInterface.register(name, fn)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def register_hf_attention() -> str:
+    """Register ``hf_attention_forward`` (with HF's SDPA mask builder) in transformers under
+    ``SLAPO_ATTENTION``; idempotent. Returns the name to put in ``config._attn_implementation``."""
+    return _register(SLAPO_ATTENTION, hf_attention_forward)
+
+
+def register_hf_core_attention() -> str:
+    """Register ``hf_core_attention_forward`` (with HF's SDPA mask builder) under
+    ``SLAPO_CORE_ATTENTION``; idempotent. Returns the name for ``config._attn_implementation``."""
+    return _register(SLAPO_CORE_ATTENTION, hf_core_attention_forward)
 
 
 class CoreAttention(nn.Module):

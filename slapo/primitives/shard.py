@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -16,10 +17,15 @@ from ._params import get_param
 
 @dataclass(frozen=True)
 class ShardSpec:
-    """How a sharded parameter was split: its axis, the world size and the full shape."""
+    """How a sharded parameter was split: its axis, the world size and the full shape.
+
+    ``parts``: the axis is made of that many equal blocks (the q, k and v columns of a fused
+    projection), each split across the ranks; a rank holds its slice of every block, in order.
+    """
     axis: int
     world_size: int
     full_shape: tuple[int, ...]
+    parts: int = 1
 
 
 def shard_spec(param: torch.Tensor) -> ShardSpec | None:
@@ -27,8 +33,27 @@ def shard_spec(param: torch.Tensor) -> ShardSpec | None:
     return getattr(param, "slapo_shard", None)
 
 
+def local_slice(full: torch.Tensor, spec: ShardSpec, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s slice of the full-shape tensor ``full`` (a view where it can be)."""
+    blocks = full.chunk(spec.parts, dim=spec.axis)
+    mine = [block.chunk(spec.world_size, dim=spec.axis)[rank] for block in blocks]
+    return mine[0] if spec.parts == 1 else torch.cat(mine, dim=spec.axis)
+
+
+def full_layout(gathered: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
+    """The full tensor from the ranks' slices concatenated in rank order along the axis
+    (what an all-gather gives): with ``parts`` blocks, each rank's slice of block 0 comes
+    first, then of block 1, and so on."""
+    if spec.parts == 1:
+        return gathered
+    x = gathered.movedim(spec.axis, 0)
+    rest = x.shape[1:]
+    x = x.reshape(spec.world_size, spec.parts, -1, *rest).transpose(0, 1)
+    return x.reshape(-1, *rest).movedim(0, spec.axis)
+
+
 @register_primitive()
-def shard(sch, param_names: str | list[str], axis: int) -> None:
+def shard(sch, param_names: str | list[str], axis: int, *, parts: int = 1) -> None:
     """Keep only this rank's slice of each parameter in ``param_names`` along ``axis``.
 
     The module is adjusted so that it computes its part of the result:
@@ -41,29 +66,41 @@ def shard(sch, param_names: str | list[str], axis: int) -> None:
     - ``nn.Embedding`` ``weight`` on axis 0 (vocabulary parallel): ids outside this rank's
       vocabulary range look up zeros, so the output is a partial sum to all-reduce.
     - ``nn.Embedding`` ``weight`` on axis 1: the output holds this rank's hidden features.
+    - transformers' ``Conv1D`` (GPT-2's linear, weight ``(in, out)``, transposed from
+      ``nn.Linear``'s): ``weight`` on axis 1 is column parallel (the bias follows), on axis 0
+      row parallel (the bias is added once, after the forward syncs), as upstream Slapo has it.
+      ``slapo.op.Conv1DGeLU`` shards as a Conv1D by columns only (GeLU of a partial sum is not
+      the partial of a GeLU).
+
+    ``parts`` (keyword; default 1): the axis holds that many equal blocks, each split across
+    the ranks, and a rank keeps its slice of each block. GPT-2's ``c_attn`` computes q, k and v
+    side by side; ``shard("weight", axis=1, parts=3)`` gives each rank the q, k and v columns
+    of its own heads (its bias follows with the same ``parts``). The shard spec records it, so
+    ``build`` and ``slapo.verify`` map slices to the full tensor.
 
     Parameters tied to the sharded one (for example an LM head sharing the word-embedding
     weight) are replaced by the same new parameter, and their modules adjusted too, so tied
     weights stay tied. Annotations move to the new parameter. Sharding an already sharded
     parameter again along the same axis is a no-op.
 
-    Raises ``ValueError`` when the axis size does not divide by the world size.
+    Raises ``ValueError``, naming the parameter, when the axis size does not divide by the
+    world size (times ``parts``).
 
     Example::
 
         sch["encoder.layer.0.attention.self.query"].shard(["weight", "bias"], axis=0)
         sch["encoder.layer.0.attention.output.dense"].shard("weight", axis=1)
     """
+    if not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"shard at '{sch.path or '<root>'}': parts must be a positive integer, "
+                         f"got {parts!r}")
     names = [param_names] if isinstance(param_names, str) else list(param_names)
     for name in names:
-        _shard_one(sch, name, axis)
+        _shard_param(sch, sch.mod, sch.path or "<root>", name, axis, parts)
 
 
-def _shard_one(sch, name: str, axis: int) -> None:
-    _shard_param(sch, sch.mod, sch.path or "<root>", name, axis)
-
-
-def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int) -> None:
+def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int,
+                 parts: int = 1) -> None:
     param = module._parameters.get(name)
     if param is None:
         get_param(sch, name)  # raises the error that names the module's parameters
@@ -74,35 +111,62 @@ def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int) -> No
     axis %= param.dim()
     spec = shard_spec(param)
     if spec is not None:
-        if spec.axis != axis:
-            raise ValueError(f"'{where}' is already sharded along axis {spec.axis}; "
-                             f"cannot shard it along axis {axis} too")
+        if spec.axis != axis or spec.parts != parts:
+            raise ValueError(f"'{where}' is already sharded along axis {spec.axis} in "
+                             f"{spec.parts} part(s); cannot shard it along axis {axis} in "
+                             f"{parts} part(s) too")
         return
     _check_row_parallel(module, name, axis, where)
+    if parts > 1 and axis == 0 and any(isinstance(m, nn.Embedding)
+                                       for m, _ in sch.param_owners(param)):
+        raise ValueError(f"cannot shard '{where}' along its vocabulary in {parts} parts: a "
+                         "vocabulary-parallel embedding keeps one contiguous range of ids")
     world = sch.world_size
-    if param.shape[axis] % world:
+    if param.shape[axis] % (world * parts):
+        split = f"{parts} parts, each over {world} ranks" if parts > 1 else f"{world} ranks"
         raise ValueError(f"cannot shard '{where}' of shape {tuple(param.shape)} along axis "
-                         f"{axis} over {world} ranks: {param.shape[axis]} is not divisible "
-                         f"by {world}")
-    local = param.detach().chunk(world, dim=axis)[sch.rank]
+                         f"{axis} in {split}: {param.shape[axis]} is not divisible by "
+                         f"{world * parts}")
+    spec = ShardSpec(axis, world, tuple(param.shape), parts)
+    local = local_slice(param.detach(), spec, sch.rank)
     new = nn.Parameter(local.clone(memory_format=torch.contiguous_format),
                        requires_grad=param.requires_grad)
     new.__dict__.update({k: v for k, v in param.__dict__.items() if k != "slapo_shard"})
-    new.slapo_shard = ShardSpec(axis, world, tuple(param.shape))
+    new.slapo_shard = spec
     new.orig_shape = param.shape  # the full shape, under upstream Slapo's name
     # Swap every reference to the old parameter, so that tied parameters stay tied.
     for holder, pname in sch._replace_param_everywhere(param, new):
-        _adjust_module(holder, pname, axis, world, sch, where)
+        _adjust_module(holder, pname, spec, sch, where)
 
 
-def _adjust_module(module: nn.Module, pname: str, axis: int, world: int, sch, where: str) -> None:
+def _hf_conv1d() -> type | None:
+    """transformers' ``Conv1D`` class if transformers is loaded (no module can be one
+    otherwise, and slapo imports transformers only where a feature needs it)."""
+    return getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    """A transformers ``Conv1D`` (``slapo.op.Conv1DGeLU`` included)."""
+    conv1d = _hf_conv1d()
+    return conv1d is not None and isinstance(module, conv1d)
+
+
+def _adjust_module(module: nn.Module, pname: str, spec: ShardSpec, sch, where: str) -> None:
     """Make a known module type compute its part of the result with a sharded parameter."""
     if pname != "weight":
         return
-    if isinstance(module, nn.Linear):
+    axis, world = spec.axis, spec.world_size
+    if _is_conv1d(module):
+        if axis == 1:
+            module.nf //= world
+            _shard_bias(module, sch, where, spec.parts)
+        else:
+            module.nx //= world
+            _use_deferred_bias(module)
+    elif isinstance(module, nn.Linear):
         if axis == 0:
             module.out_features //= world
-            _shard_bias(module, sch, where)
+            _shard_bias(module, sch, where, spec.parts)
         else:
             module.in_features //= world
             if not state.has_row_parallel_forward(module):
@@ -110,7 +174,7 @@ def _adjust_module(module: nn.Module, pname: str, axis: int, world: int, sch, wh
     elif isinstance(module, nn.modules.conv._ConvNd):
         if axis == 0:
             module.out_channels //= world
-            _shard_bias(module, sch, where)
+            _shard_bias(module, sch, where, spec.parts)
         elif axis == 1:
             module.in_channels //= world
             _use_deferred_bias(module)
@@ -127,10 +191,18 @@ def _torch_base(module: nn.Module) -> type:
 
 
 def _check_row_parallel(module: nn.Module, name: str, axis: int, where: str) -> None:
-    """A row-parallel shard of a Linear or convolution with a bias runs the bias-free base
-    computation and adds the bias once, after the partial results are summed. A subclass
+    """A row-parallel shard of a Linear, convolution or Conv1D with a bias runs the bias-free
+    base computation and adds the bias once, after the partial results are summed. A subclass
     with a forward of its own would lose that forward's work, so it is refused, before any
     parameter changes."""
+    if _is_conv1d(module):
+        if name == "weight" and axis == 0 and type(module).forward is not _hf_conv1d().forward:
+            raise ValueError(
+                f"cannot shard '{where}' along its input axis (0): {type(module).__name__} "
+                "computes more than transformers' Conv1D (x @ weight + bias), and a "
+                "row-parallel shard gives partial sums that only a plain Conv1D may return. "
+                "Shard it by columns (axis 1), or shard a plain Conv1D")
+        return
     if name != "weight" or axis != 1 or getattr(module, "bias", None) is None:
         return
     if state.has_row_parallel_forward(module):
@@ -147,16 +219,18 @@ def _check_row_parallel(module: nn.Module, name: str, axis: int, where: str) -> 
             "first), or one without a bias")
 
 
-def _shard_bias(module: nn.Module, sch, weight_where: str) -> None:
+def _shard_bias(module: nn.Module, sch, weight_where: str, parts: int = 1) -> None:
     bias = module._parameters.get("bias")
-    if bias is not None and shard_spec(bias) is None:
-        _shard_param(sch, module, weight_where.rsplit(".", 1)[0], "bias", 0)
+    if bias is not None:  # already sharded the same way: a no-op; otherwise: an error
+        _shard_param(sch, module, weight_where.rsplit(".", 1)[0], "bias", 0, parts)
 
 
 def _use_deferred_bias(module: nn.Module) -> None:
     if module.bias is None:
         return
-    if isinstance(module, nn.Linear):
+    if _is_conv1d(module):
+        module.forward = lambda x: torch.matmul(x, module.weight)
+    elif isinstance(module, nn.Linear):
         module.forward = lambda x: F.linear(x, module.weight)
     else:
         module.forward = lambda x: module._conv_forward(x, module.weight, None)

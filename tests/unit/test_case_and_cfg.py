@@ -65,7 +65,8 @@ def test_case_is_frozen_and_its_record_names_where_it_was_written():
         case.gpus = 4
     data = case.to_record()
     assert data == {"id": case.id, "mode": "deepspeed", "model": "t5-3b", "gpus": 2,
-                    "nodes": 1, "gpus_per_node": 2, "seq_len": 1024, "dec_seq_len": 512, "batch_size": 4, "batch_expr": "2*n",
+                    "nodes": 1, "gpus_per_node": 2, "seq_len": 1024, "dec_seq_len": 512,
+                    "batch_size": 4, "batch_expr": "2*n",
                     "ckpt": 1.0, "source": "x.cfg", "line": 1}
     assert case.to_record("other")["id"] == "other"
 

@@ -102,7 +102,8 @@ def test_helpers_a_schedule_calls_are_counted_with_it(tmp_path):
 
 def test_every_family_has_a_counted_schedule():
     counts = {c.family: c for c in count_all()}
-    assert set(counts) == set(FAMILIES) == set(model_schedule.FAMILIES)
+    # the paper's families; slapo schedules more (gpt2, from upstream Slapo)
+    assert set(counts) == set(FAMILIES) <= set(model_schedule.FAMILIES)
     for family, count in counts.items():
         assert "schedule" in count.functions
         assert 0 < count.lines <= count.statements + 5, count

@@ -1,0 +1,91 @@
+"""slapo.model_schedule.apply_schedule, upstream Slapo's entry point, on one process: it returns
+the schedule of the model with its family's schedule applied, honours upstream's keys where
+slapo has the feature, and names the keys it rejects."""
+
+import pytest
+import torch
+
+import slapo
+from slapo.model_schedule import apply_schedule
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2,
+                        bos_token_id=0, eos_token_id=0, use_cache=False, attn_pdrop=0.0,
+                        resid_pdrop=0.0, embd_pdrop=0.0)
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(config), config
+
+
+def _checkpointed(model):
+    return [i for i, block in enumerate(model.transformer.h)
+            if getattr(block, "_slapo_checkpointed", False)]
+
+
+def test_returns_the_schedule_with_the_family_schedule_applied():
+    model, config = _gpt2()
+    ids = torch.randint(0, 64, (2, 8))
+    expected = model(input_ids=ids, labels=ids).loss
+    sch = apply_schedule(model, config, ckpt_ratio=0.5, prefix="transformer",
+                         checkpoint_method="head",
+                         attn_op_name="cuda", delay_init=True, bcast_input=False,
+                         pipeline_cuts=None, sequence_parallel=False)
+    assert isinstance(sch, slapo.Schedule) and sch.mod is model
+    assert _checkpointed(model) == [0]
+    assert type(model.transformer.h[0].mlp.c_fc).__name__ == "Conv1DGeLU"  # kernel_opt
+    built = slapo.build_module(sch)
+    torch.testing.assert_close(built(input_ids=ids, labels=ids).loss, expected)
+
+
+def test_a_bare_gpt2_model_is_scheduled_too():
+    from transformers import GPT2Model
+
+    _, config = _gpt2()
+    model = GPT2Model(config)
+    ids = torch.randint(0, 64, (2, 8))
+    expected = model(input_ids=ids).last_hidden_state
+    apply_schedule(model, config, ckpt_ratio=1.0)
+    assert type(model.h[1].mlp.c_fc).__name__ == "Conv1DGeLU"
+    assert all(getattr(block, "_slapo_checkpointed", False) for block in model.h)
+    torch.testing.assert_close(model(input_ids=ids).last_hidden_state, expected)
+
+
+def test_schedule_options_pass_through_and_dict_configs_work():
+    model, config = _gpt2()
+    apply_schedule(model, {"model_type": "gpt2"}, kernel_opt=False,
+                   checkpoint_method="uniform")  # upstream's default; no layer at ratio 0
+    assert type(model.transformer.h[0].mlp.c_fc).__name__ == "Conv1D"
+    assert _checkpointed(model) == []
+
+
+@pytest.mark.parametrize("key, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_half_precision_casts_the_model(key, dtype):
+    model, config = _gpt2()
+    apply_schedule(model, config, **{key: True})
+    assert {p.dtype for p in model.parameters()} == {dtype}
+
+
+@pytest.mark.parametrize("sch_config, error, match", [
+    ({"tensor_paralel": True, "ckpt": 1}, ValueError, r"unknown .* key\(s\) ckpt, tensor_paralel"),
+    ({"fp16": True, "bf16": True}, ValueError, "both fp16 and bf16"),
+    ({"sequence_parallel": True}, NotImplementedError, "sequence_parallel"),
+    ({"pipeline_cuts": [[1]]}, NotImplementedError, "pipeline_cuts"),
+    ({"checkpoint_method": "uniform", "ckpt_ratio": 0.5}, NotImplementedError, "'uniform'"),
+    ({"checkpoint_method": "every"}, ValueError, "unknown checkpoint_method 'every'"),
+    ({"prefix": "gpt2"}, ValueError, "prefix 'gpt2' names no module of GPT2LMHeadModel"),
+    ({"ckpt_ratio": 2.0}, ValueError, "ckpt_ratio"),
+])
+def test_bad_configs_are_refused_by_name(sch_config, error, match):
+    model, config = _gpt2()
+    with pytest.raises(error, match=match):
+        apply_schedule(model, config, **sch_config)
+
+
+def test_config_must_agree_with_the_model():
+    model, _ = _gpt2()
+    with pytest.raises(ValueError, match="model_config says 'bert'.*of type 'gpt2'"):
+        apply_schedule(model, {"model_type": "bert"})
+    with pytest.raises(ValueError, match="no model_type"):
+        apply_schedule(model, {})
