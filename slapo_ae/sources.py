@@ -24,6 +24,9 @@ from slapo_ae import paths
 from slapo_ae.zoo.configs import FAMILIES, config_dir, model_family
 
 SCHEDULES = "slapo/model_schedule"
+# what every family's schedule imports: the package and its shared building blocks (the
+# package imports apply_schedule's module); every other module there is one family's schedule
+SHARED_SCHEDULE_MODULES = ("__init__.py", "common.py", "api.py")
 NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis")  # planning and analysis, not a case
 # The modules of slapo_ae each analysis step imports (module-level), its own first.
 ANALYSIS_STEPS = {
@@ -83,8 +86,8 @@ def case_sources(case, root: Path | str = paths.ROOT, code: list[str] | None = N
             family = model_family(case.model)
         except (KeyError, ValueError):
             family = None
-        others = {f"{SCHEDULES}/{name}.py" for name in FAMILIES if name != family}
-        files += [f for f in _py_files(root, SCHEDULES) if f not in others]
+        mine = {f"{SCHEDULES}/{name}" for name in (*SHARED_SCHEDULE_MODULES, f"{family}.py")}
+        files += [f for f in _py_files(root, SCHEDULES) if f in mine]
     return files
 
 
