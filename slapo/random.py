@@ -146,3 +146,17 @@ def manual_seed(seed: int, rank: int = 0, stream: str = TENSOR_PARALLEL) -> None
     with ``seed + STREAM_SEED_OFFSET + rank``."""
     torch.manual_seed(seed)
     _STREAMS.add(stream, seed + STREAM_SEED_OFFSET + rank)
+
+
+# Upstream Slapo's (and Megatron-LM's) names for the registry and its seeding.
+CudaRNGStatesTracker = RNGStreams
+_CUDA_RNG_STATE_TRACKER = _STREAMS
+
+
+def model_parallel_cuda_manual_seed(seed: int, tp_rank: int = 0,
+                                    always_enable_tp_seed: bool = False) -> int:
+    """Upstream's name for :func:`manual_seed`: the default generator from ``seed``, the
+    ``"model-parallel-rng"`` stream from ``seed + 2718 + tp_rank``, which is returned.
+    ``always_enable_tp_seed`` is accepted; the per-rank stream is always made."""
+    manual_seed(seed, tp_rank)
+    return seed + STREAM_SEED_OFFSET + tp_rank

@@ -38,10 +38,14 @@ class ScheduleMetadata:
             whose children end a pipeline stage (upstream's cutting levels), this node's and
             those below it, to True, in cut order.
 
+        param_tags: the annotation keys (``annotate``) on the parameters of this module and
+            those below it.
+
     A snapshot, read-only: the primitives change the state, not this view.
     """
     tie_weights: Mapping[nn.Parameter, nn.Parameter]
     primitives: Mapping[str, Mapping[str, Any]]
+    param_tags: frozenset[str] = frozenset()
 
 
 class Schedule:
@@ -132,8 +136,10 @@ class Schedule:
                 levels[level] = True
         primitives = {"shard": types.MappingProxyType(shard),
                       "cut_pipeline_stage": types.MappingProxyType(levels)}
+        tags = frozenset(key for param in self.mod.parameters()
+                         for key in getattr(param, "slapo_annotations", {}))
         return ScheduleMetadata(types.MappingProxyType(tied),
-                                types.MappingProxyType(primitives))
+                                types.MappingProxyType(primitives), tags)
 
     # --- lookup -------------------------------------------------------------------------
     def __getitem__(self, path: str) -> Schedule:

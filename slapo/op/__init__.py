@@ -13,7 +13,7 @@ device its tensors are on (``kernel_choices``).
 - ``dropout`` / ``Dropout`` / ``use_device_dropout``: ``dropout.py``
 - ``vocab_parallel_cross_entropy`` / ``vocab_parallel_loss``: ``cross_entropy.py``
 - upstream Slapo's names: ``FusedQKV``, ``FusedMLP``, ``LinearWithSeparateBias``,
-  ``LinearWithSyncFunc``, ``ParallelCrossEntropy``: ``upstream.py``
+  ``LinearWithSyncFunc``, ``ParallelCrossEntropy``, ``Print``: ``upstream.py``
 """
 
 from .cross_entropy import LOSS_KINDS, vocab_parallel_cross_entropy, vocab_parallel_loss
@@ -46,11 +46,12 @@ from .upstream import (
     LinearWithSeparateBias,
     LinearWithSyncFunc,
     ParallelCrossEntropy,
+    Print,
 )
 
 __all__ = ["Conv1DGeLU", "CoreAttention", "Dropout", "FlashAttention", "FusedMLP", "FusedQKV",
            "LOSS_KINDS", "LinearGeLU", "LinearWithSeparateBias", "LinearWithSyncFunc",
-           "ParallelCrossEntropy", "SLAPO_ATTENTION", "SLAPO_CORE_ATTENTION", "attention",
+           "ParallelCrossEntropy", "Print", "SLAPO_ATTENTION", "SLAPO_CORE_ATTENTION", "attention",
            "bias_gelu", "bias_gelu_kernel", "compiled_kernel_state", "dropout", "dropout_kernel",
            "gelu_approximation", "hf_attention_forward", "hf_core_attention_forward",
            "kernel_choices", "kernel_compiler", "math_attention", "merge_masks",

@@ -12,7 +12,10 @@ so that its schedules find what they replace with (and then shard) where they ex
 - ``FusedMLP``: ``fc_in`` (no bias) -> ``act`` (bias + GeLU fused, ``act.bias``) ->
   ``fc_out`` -> dropout;
 - ``ParallelCrossEntropy``: the per-token cross entropy of vocabulary-sharded logits
-  (``vocab_parallel_cross_entropy`` with ``reduction="none"``).
+  (``vocab_parallel_cross_entropy`` with ``reduction="none"``);
+- ``Print``: ``print(*args)`` when it runs, returning its first argument (a debugging call
+  that stays a call in a traced graph: what was fixed at tracing, such as a formatted proxy,
+  prints as it was then; shapes of its other arguments print as they are at run time).
 """
 
 from __future__ import annotations
@@ -79,7 +82,9 @@ class BiasGeLU(nn.Module):
 
 class FusedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, orig_act: str,
-                 resid_pdrop: float):
+                 resid_pdrop: float, use_torchscript: bool = False):
+        # use_torchscript: upstream scripted its bias+GeLU; BiasGeLU here is compiled by
+        # slapo.op.bias_gelu's rule (torch.compile on CUDA), so the flag changes nothing
         super().__init__()
         if orig_act not in _GELU:
             raise NotImplementedError(f"FusedMLP: unsupported activation {orig_act!r}; "
@@ -100,3 +105,10 @@ class ParallelCrossEntropy(nn.Module):
 
     def forward(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_cross_entropy(outputs, labels, self.group, reduction="none")
+
+
+@state.leaf_class
+class Print(nn.Module):
+    def forward(self, x, *args):
+        print(*args)
+        return x

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -21,3 +22,13 @@ def annotations(param: nn.Parameter) -> dict:
     if not hasattr(param, "slapo_annotations"):
         param.slapo_annotations = {}
     return param.slapo_annotations
+
+
+def set_annotation(param: nn.Parameter, key: str, value, where: str = "") -> None:
+    """``key = value`` in the parameter's annotations, and as an attribute of the parameter
+    (``param.<key>``, where upstream Slapo put it), unless the name is a tensor's own."""
+    if key == "slapo_annotations" or hasattr(torch.Tensor, key):
+        raise ValueError(f"annotation {key!r}{f' on {where}' if where else ''} would hide the "
+                         "tensor attribute of that name; choose another key")
+    annotations(param)[key] = value
+    setattr(param, key, value)

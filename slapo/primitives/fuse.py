@@ -23,8 +23,12 @@ class FusedModule(nn.Module):
         super().__init__()
         self.graph_module = graph_module
         self.compiler = compiler
-        compiled = graph_module if compiler is None else \
-            torch.compile(graph_module, backend=compiler)
+        if compiler is None:
+            compiled = graph_module
+        elif compiler == TORCHSCRIPT:
+            compiled = torch.jit.script(graph_module)
+        else:
+            compiled = torch.compile(graph_module, backend=compiler)
         self.__dict__["_run"] = compiled  # not a registered child: parameters stay single
 
     def forward(self, *args):
@@ -35,9 +39,12 @@ class FusedModule(nn.Module):
         return f"compiler={name!r}"
 
 
+TORCHSCRIPT = "TorchScript"  # upstream Slapo's compiler: torch.jit.script of the subgraph
+
+
 def check_compiler(compiler) -> None:
-    """A ValueError for a compiler that ``torch.compile`` does not know."""
-    if compiler is None or callable(compiler):
+    """A ValueError for a compiler that ``torch.compile`` does not know (or TorchScript)."""
+    if compiler is None or callable(compiler) or compiler == TORCHSCRIPT:
         return
     import torch._dynamo
 
@@ -63,9 +70,10 @@ def fuse(sch, subgraph, compiler: str | Callable | None = "inductor",
     submodule is registered on the graph module holding the subgraph as ``name``, by default
     upstream's ``FusedModule_0``, ``FusedModule_1``, ... ``compiler``: a backend name from
     ``torch._dynamo.list_backends()`` (``"inductor"`` generates C++/OpenMP code on CPU,
-    Triton on GPU), a backend function, or None to keep the extracted graph uncompiled.
-    Compilation happens at the first call. Parameter names do not change. Nodes found before
-    the fuse are stale afterwards; call ``find`` again.
+    Triton on GPU), a backend function, ``"TorchScript"`` (upstream Slapo's choice:
+    ``torch.jit.script`` of the extracted graph, at once), or None to keep the extracted graph
+    uncompiled. ``torch.compile`` compiles at the first call. Parameter names do not change.
+    Nodes found before the fuse are stale afterwards; call ``find`` again.
 
     Example::
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from ..pattern import Match
 from . import register_primitive
-from ._params import annotations
+from ._params import set_annotation
 
 
 class FunctionModule(nn.Module):
@@ -67,7 +67,8 @@ def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = No
     for name, param in new.named_parameters():
         old = old_params.get(name)
         if old is not None and old is not param and getattr(old, "slapo_annotations", None):
-            annotations(param).update(old.slapo_annotations)
+            for key, value in old.slapo_annotations.items():
+                set_annotation(param, key, value)
     if sch.parent is not None:
         setattr(sch.parent.mod, sch.name, new)
     sch.mod = new

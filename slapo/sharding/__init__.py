@@ -1,4 +1,5 @@
-"""Collectives with the autograd rules that tensor parallelism needs, and resharding."""
+"""Collectives with the autograd rules that tensor parallelism needs, and resharding; the
+collectives also under upstream Slapo's names (``reduce_forward_output``, ...)."""
 
 from .collectives import (
     all_gather_forward,
@@ -14,9 +15,20 @@ from .collectives import (
     world_size,
 )
 from .reshard import RESHARD_SCHEMES, reshard
-from .sync_ops import FORWARD_OPS, apply_backward_op, apply_forward_op
+from .sync_ops import (
+    FORWARD_OPS,
+    all_gather_forward_output,
+    apply_backward_op,
+    apply_forward_op,
+    reduce_backward_grad,
+    reduce_forward_output,
+    reduce_scatter_forward_output,
+    scatter_forward_output,
+)
 
-__all__ = ["FORWARD_OPS", "RESHARD_SCHEMES", "all_gather_forward", "all_reduce_backward",
-           "all_reduce_forward", "all_to_all_forward", "apply_backward_op", "apply_forward_op",
-           "backward_only", "first_rank", "gather_sharded", "reduce_scatter_forward",
-           "reshard", "scatter_forward", "shard_slice", "world_size"]
+__all__ = ["FORWARD_OPS", "RESHARD_SCHEMES", "all_gather_forward", "all_gather_forward_output",
+           "all_reduce_backward", "all_reduce_forward", "all_to_all_forward",
+           "apply_backward_op", "apply_forward_op", "backward_only", "first_rank",
+           "gather_sharded", "reduce_backward_grad", "reduce_forward_output",
+           "reduce_scatter_forward", "reduce_scatter_forward_output", "reshard",
+           "scatter_forward", "scatter_forward_output", "shard_slice", "world_size"]

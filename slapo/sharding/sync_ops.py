@@ -67,3 +67,30 @@ def apply_backward_op(op: str | Callable, x: torch.Tensor, group=None) -> torch.
                          "'all_reduce' or a callable")
     raise ValueError(f"unknown sync op '{op}'; expected one of {describe_forward_ops()}, or "
                      "a callable")
+
+
+# --- upstream Slapo's names of the collectives (``slapo.sharding.sync_ops.<name>``) ---------
+def all_gather_forward_output(x: torch.Tensor, dim: int, group=None,
+                              tensor_parallel_output_grad: bool = True) -> torch.Tensor:
+    """All-gather along ``dim``; backward as ``sync``'s ``tensor_parallel_output_grad``."""
+    return all_gather_forward(x, dim, group, tensor_parallel_output_grad)
+
+
+def reduce_scatter_forward_output(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+    """Reduce-scatter along ``dim``; backward all-gathers."""
+    return reduce_scatter_forward(x, dim, group)
+
+
+def scatter_forward_output(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+    """This rank's slice along ``dim``; backward all-gathers."""
+    return scatter_forward(x, dim, group)
+
+
+def reduce_forward_output(x: torch.Tensor, group=None) -> torch.Tensor:
+    """All-reduce in the forward; identity in the backward."""
+    return all_reduce_forward(x, group)
+
+
+def reduce_backward_grad(x: torch.Tensor, group=None) -> torch.Tensor:
+    """Identity in the forward; all-reduce of the gradient in the backward."""
+    return all_reduce_backward(x, group)

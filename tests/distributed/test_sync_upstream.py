@@ -187,3 +187,44 @@ def test_gather_without_tensor_parallel_output_grad_misses_the_other_ranks_part(
         first = results["flag off"][0]
         assert first["output"] <= 1e-5 and first["param grad"] <= 1e-5
         assert first["input grad"] > 0.1  # the slice of a partial gradient, not the sum
+
+
+def _upstream_named_collectives():
+    """Upstream's ``slapo.sharding.sync_ops`` functions against the plain computation."""
+    from slapo.sharding import sync_ops
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    full = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(1))
+    weight = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(2))
+    errors = {}
+    # scatter then gather (replicated backward) is the identity, gradient included
+    x = full.clone().requires_grad_()
+    mine = sync_ops.scatter_forward_output(x, dim=1, group=None)
+    out = sync_ops.all_gather_forward_output(mine, dim=1, group=None,
+                                             tensor_parallel_output_grad=False)
+    (weight * out).sum().backward()
+    errors["scatter+gather"] = max(relative_error(out, full), relative_error(x.grad, weight))
+    # reduce-scatter of the same x on every rank: world * my slice
+    x = full.clone().requires_grad_()
+    out = sync_ops.reduce_scatter_forward_output(x, dim=2, group=None)
+    (shard_slice(weight, 2, None) * out).sum().backward()
+    errors["reduce_scatter"] = max(relative_error(out, world * shard_slice(full, 2, None)),
+                                   relative_error(x.grad, weight))
+    # reduce in the forward (identity backward), reduce in the backward (identity forward)
+    x = (full * (rank + 1)).requires_grad_()
+    out = sync_ops.reduce_forward_output(x, None)
+    (weight * out).sum().backward()
+    total = sum(range(1, world + 1))
+    errors["reduce_forward"] = max(relative_error(out, total * full),
+                                   relative_error(x.grad, weight))
+    x = full.clone().requires_grad_()
+    out = sync_ops.reduce_backward_grad(x, None)
+    (weight * (rank + 1) * out).sum().backward()
+    errors["reduce_backward"] = max(relative_error(out, full),
+                                    relative_error(x.grad, total * weight))
+    return errors
+
+
+def test_upstreams_named_collectives():
+    for errors in run_ranks(_upstream_named_collectives):
+        assert max(errors.values()) <= TOL, errors

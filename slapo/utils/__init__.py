@@ -1,0 +1,1 @@
+"""Upstream Slapo's ``slapo.utils`` helpers (``common.get_hooks``)."""
