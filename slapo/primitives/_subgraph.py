@@ -82,12 +82,15 @@ def resolve(sch, subgraph):
     return owner, as_subgraph(owner.mod, nodes_form, owner.path or "<root>")
 
 
-def replace_subgraph(sch, new: nn.Module, subgraph, name: str | None) -> None:
+def replace_subgraph(sch, new: nn.Module, subgraph, name: str | None,
+                     exact_name: bool = False) -> None:
     """Replace ``subgraph`` by a call of ``new`` on its inputs (all of them, constants a
-    pattern argument matched included, in order), registered as ``name`` (default: upstream's
-    ``<class name>_<i>``) on the graph module holding it."""
+    pattern argument matched included, in order), registered on the graph module holding it
+    as upstream names it: ``<name>_<i>`` (``name`` by default the class name), or ``name``
+    itself with ``exact_name``."""
     owner, sub = resolve(sch, subgraph)
-    name = name or unique_name(owner.mod, type(new).__name__)
+    if not exact_name:
+        name = unique_name(owner.mod, name or type(new).__name__)
     splice(owner.mod, sub, name, new, list(sub.inputs))
     owner._rebuild_children()
 
@@ -100,7 +103,7 @@ CHECKPOINT_CLASS = "CheckPointWrapper"
 def checkpoint_subgraph(sch, subgraph, name: str | None, checkpoint: Callable) -> None:
     """Extract ``subgraph`` into a submodule and checkpoint it."""
     owner, sub = resolve(sch, subgraph)
-    name = name or unique_name(owner.mod, CHECKPOINT_CLASS)
+    name = unique_name(owner.mod, name or CHECKPOINT_CLASS)
     inner = extract_graph_module(owner.mod, sub, class_name=CHECKPOINT_CLASS)
     splice(owner.mod, sub, name, inner, node_inputs(sub))
     owner._rebuild_children()

@@ -31,9 +31,9 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
 
     With ``subgraph`` (any form ``find`` returns: one match, a ``(path, node)``, a list of them
     taken together; or nodes of a traced graph), only that subgraph is checkpointed: it is
-    extracted into a submodule of the graph module holding it, named ``name`` (default:
-    upstream's ``CheckPointWrapper_0``, ``CheckPointWrapper_1``, ...) and checkpointed as
-    above::
+    extracted into a submodule of the graph module holding it, named as upstream names it,
+    ``<name>_<i>`` (``CheckPointWrapper_0``, ``CheckPointWrapper_1``, ... by default;
+    ``name="core"``: ``core_0``), and checkpointed as above::
 
         attn.checkpoint(subgraph=attn.find(attention_core_pattern)[0], name="core")
     """

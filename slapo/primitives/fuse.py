@@ -67,8 +67,9 @@ def fuse(sch, subgraph, compiler: str | Callable | None = "inductor",
     (a match's ``path``). The subgraph must be connected (each one, for a list) and convex
     (no path leaves it and re-enters). Its inputs (in the order of the pattern's arguments
     for a match) become the arguments of the new submodule, its outputs its results. The
-    submodule is registered on the graph module holding the subgraph as ``name``, by default
-    upstream's ``FusedModule_0``, ``FusedModule_1``, ... ``compiler``: a backend name from
+    submodule is registered on the graph module holding the subgraph as upstream names it,
+    ``<name>_<i>`` (``FusedModule_0``, ``FusedModule_1``, ... by default; ``name="bias_gelu"``:
+    ``bias_gelu_0``, its graph's class ``bias_gelu``). ``compiler``: a backend name from
     ``torch._dynamo.list_backends()`` (``"inductor"`` generates C++/OpenMP code on CPU,
     Triton on GPU), a backend function, ``"TorchScript"`` (upstream Slapo's choice:
     ``torch.jit.script`` of the extracted graph, at once), or None to keep the extracted graph
@@ -84,8 +85,8 @@ def fuse(sch, subgraph, compiler: str | Callable | None = "inductor",
     """
     check_compiler(compiler)
     owner, sub = resolve(sch, subgraph)
-    name = name or unique_name(owner.mod, FusedModule.__name__)
-    inner = extract_graph_module(owner.mod, sub, class_name=name)
+    inner = extract_graph_module(owner.mod, sub, class_name=name or FusedModule.__name__)
+    name = unique_name(owner.mod, name or FusedModule.__name__)
     fused = FusedModule(inner, compiler)
     splice(owner.mod, sub, name, fused, node_inputs(sub))
     owner._rebuild_children()

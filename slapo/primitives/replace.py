@@ -40,8 +40,9 @@ def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = No
     With ``subgraph`` (any form ``find`` returns: one match, a ``(path, node)``, a list of
     them; or nodes of a traced graph), only that subgraph is replaced, in the graph that holds
     it (this node's or one below: a match's ``path``): ``new`` is registered on that graph
-    module as ``name`` (default: upstream's ``<class name>_<i>``, e.g. ``FusedQKV_0``, a
-    function's wrapper ``FunctionModule_0``) and called on the subgraph's inputs, in the order
+    module as upstream names it, ``<name>_<i>`` (``name`` by default the class name:
+    ``FusedQKV_0``, a function's wrapper ``FunctionModule_0``; ``name="qkv"``: ``qkv_0``) and
+    called on the subgraph's inputs, in the order
     of the pattern's arguments (for nodes: in order of first use); it returns the subgraph's
     outputs (a tuple when there are several). A list of several matches or nodes is replaced
     by one call side by side (horizontal fusion): ``new`` takes each match's inputs in turn,
@@ -110,9 +111,11 @@ def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
     found = sch.find(target)  # Match objects, or (path, node) pairs for a regex
     paths = [f.path if isinstance(f, Match) else f[0] for f in found]
     news = [make_mod_fn(path, f, **kwargs) for path, f in zip(paths, found)]
+    news = [new if isinstance(new, nn.Module) else FunctionModule(new) for new in news]
     names = _names_in_graph_order(sch, paths, news)
+    from ._subgraph import replace_subgraph
     for f, new, name in reversed(list(zip(found, news, names))):
-        replace(sch, new, subgraph=f, name=name)
+        replace_subgraph(sch, new, f, name, exact_name=True)
     return paths
 
 
@@ -123,7 +126,7 @@ def _names_in_graph_order(sch, paths: list[str], news: list) -> list[str]:
     names = []
     for path, new in zip(paths, news):
         gm = sch[path].mod
-        base = type(new).__name__ if isinstance(new, nn.Module) else FunctionModule.__name__
+        base = type(new).__name__
         i = 0
         while hasattr(gm, f"{base}_{i}") or (path, f"{base}_{i}") in taken:
             i += 1

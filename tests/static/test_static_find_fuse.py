@@ -77,7 +77,7 @@ def test_bias_gelu_decomposed_found_and_fused_with_inductor():
     assert [[(path, n.name) for path, n in m] for m in matches] == [[("", "add"), ("", "gelu")]]
     assert [n.name for n in matches[0].inputs] == ["dense", "dense_decomposed_bias"]
     fused = ffn.fuse(matches[0], compiler="inductor", name="bias_gelu")
-    assert isinstance(ffn["bias_gelu"].mod, FusedModule) and fused is ffn.mod.bias_gelu
+    assert isinstance(ffn["bias_gelu_0"].mod, FusedModule) and fused is ffn.mod.bias_gelu_0
     assert [n.op for n in ffn.mod.graph.nodes] == ["placeholder", "call_module", "get_attr",
                                                   "call_module", "output"]
     model = slapo.build_module(sch)
@@ -114,7 +114,7 @@ def test_attention_core_replaced_by_sdpa(name, pattern, scale):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
     sch.replace(sdpa, subgraph=core, name="sdpa")
-    assert "softmax" not in sch.mod.code and "sdpa" in dict(sch.mod.named_children())
+    assert "softmax" not in sch.mod.code and "sdpa_0" in dict(sch.mod.named_children())
     scheduled = slapo.build_module(sch)
     assert_trains_alike(train_side_by_side(plain, scheduled, batches, square_loss), name)
 
@@ -129,7 +129,7 @@ def test_checkpoint_subgraph():
 
     (core,) = sch.find(core_with_probs)
     sch.checkpoint(subgraph=core, name="core")
-    assert sch["core"].mod._slapo_checkpointed
+    assert sch["core_0"].mod._slapo_checkpointed
     scheduled = slapo.build_module(sch)
     assert_trains_alike(train_side_by_side(plain, scheduled, batches, square_loss), "ckpt")
 
@@ -161,7 +161,7 @@ def test_subgraph_not_connected_is_an_error_unless_side_by_side():
     # given as two subgraphs, they fuse side by side (horizontal fusion) into one call
     sch.fuse([[query], [value]], compiler=None, name="query_value")
     calls = {n.target for n in sch.mod.graph.nodes if n.op == "call_module"}
-    assert "query_value" in calls and not {"query", "value"} & calls
+    assert "query_value_0" in calls and not {"query", "value"} & calls
 
 
 class _Diamond(nn.Module):

@@ -214,8 +214,8 @@ def test_replace_takes_finds_full_result_and_a_single_pair():
     sch.replace(lambda x: torch.clamp_min(x, 0.0), sch.find(lambda x: F.relu(x))[:1])
     assert "FunctionModule_0" in _calls(sch["block"].mod)  # the nn.ReLU call, replaced
     ((path, node),) = sch.find("norm")
-    sch.replace(nn.Identity(), (path, node), name="skip_norm")  # our name= kept
-    assert "skip_norm" in _calls(sch.mod)
+    sch.replace(nn.Identity(), (path, node), name="skip_norm")  # upstream: <name>_0
+    assert "skip_norm_0" in _calls(sch.mod)
     expected = copy.deepcopy(plain)
     expected.norm = nn.Identity()
     _same(sch.mod, expected)
