@@ -67,6 +67,16 @@ def not_called_reason(sch) -> str:
     return "no ancestor is traced: call trace() on an ancestor (for a pipeline: on the root)"
 
 
+def _inside_traced_graph(sch) -> bool:
+    """Whether an ancestor of ``sch`` is traced (so its graph, not the module, decides)."""
+    node = sch.parent
+    while node is not None:
+        if isinstance(node.mod, fx.GraphModule):
+            return True
+        node = node.parent
+    return False
+
+
 def traced_owner(sch):
     """The nearest traced ancestor whose graph calls ``sch``'s module, the module's path in it
     and the calling nodes; None when no traced ancestor calls it."""
@@ -93,8 +103,13 @@ def decompose(sch) -> None:
     together with what follows (bias + GeLU) and ``fuse`` it. Parameter names and objects do
     not change. The result is still schedulable: ``shard("weight", axis=0)`` shards the bias
     with it, and ``shard("weight", axis=1)`` with ``sync("fwd_post", "all_reduce")`` reduces
-    the partial matmul before the graph adds the bias once. An ancestor must be traced
-    (``trace``); decompose before ``shard``/``sync`` on this module.
+    the partial matmul before the graph adds the bias once. Decompose before ``shard``/``sync``
+    on this module.
+
+    With no traced ancestor yet (upstream Slapo's order: decompose, then trace), the module
+    becomes ``slapo.op.LinearWithSeparateBias`` (same parameters), whose forward adds the bias
+    as an op of its own: ``trace(flatten=True)`` of an ancestor then records the matmul and
+    the add in the graph, where ``find`` sees them.
 
     Example::
 
@@ -103,9 +118,12 @@ def decompose(sch) -> None:
         ffn["dense"].decompose()
         ffn.find(lambda x, bias: F.gelu(x + bias))
     """
+    from ..op import LinearWithSeparateBias  # slapo.op imports the primitives' package
+
     where = sch.path or "<root>"
     mod = sch.mod
-    if not isinstance(mod, nn.Linear) or isinstance(mod, DecomposedLinear):
+    if not isinstance(mod, nn.Linear) or isinstance(mod, (DecomposedLinear,
+                                                          LinearWithSeparateBias)):
         raise TypeError(f"decompose applies to an nn.Linear; '{where}' is a "
                         f"{type(mod).__name__}")
     if mod.bias is None:
@@ -115,7 +133,17 @@ def decompose(sch) -> None:
                          "checkpoint); decompose it before those primitives")
     owner = traced_owner(sch)
     if owner is None:
-        raise ValueError(f"'{where}' is not called from a traced graph: {not_called_reason(sch)}")
+        if _inside_traced_graph(sch):
+            raise ValueError(f"'{where}' is not called from a traced graph: "
+                             f"{not_called_reason(sch)}")
+        # Not traced yet (upstream's order: decompose, then trace): a Linear that adds its
+        # bias as a second op, which a later trace(flatten=True) records in the graph.
+        new = LinearWithSeparateBias.__new__(LinearWithSeparateBias)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = mod.in_features, mod.out_features
+        new.weight, new.bias, new.training = mod.weight, mod.bias, mod.training
+        sch.replace(new)
+        return
     owner_sch, rel, calls = owner
     new = DecomposedLinear(mod)
     setattr(sch.parent.mod, sch.name, new)

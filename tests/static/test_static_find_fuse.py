@@ -193,7 +193,8 @@ def test_untraced_and_misplaced_primitives_are_errors():
     from transformers.models.bert.modeling_bert import BertIntermediate
     from transformers.models.t5.modeling_t5 import T5LayerFF
     sch = slapo.create_schedule(BertIntermediate(bert_config()))
-    with pytest.raises(ValueError, match="not called from a traced graph"):
+    sch["dense"].decompose()  # untraced: upstream's order (see the test below)
+    with pytest.raises(TypeError, match="applies to an nn.Linear"):
         sch["dense"].decompose()
     t5 = slapo.create_schedule(T5LayerFF(t5_config()))
     t5.trace()
@@ -201,3 +202,23 @@ def test_untraced_and_misplaced_primitives_are_errors():
         t5["DenseReluDense.wi"].decompose()
     with pytest.raises(TypeError, match="applies to an nn.Linear"):
         t5["layer_norm"].decompose()
+
+
+def test_decompose_before_trace_as_upstream_orders_it():
+    from transformers.models.bert.modeling_bert import BertIntermediate
+
+    from slapo.op import LinearWithSeparateBias
+
+    torch.manual_seed(0)
+    plain = BertIntermediate(bert_config())
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    weight = sch["dense"].mod.weight
+    sch["dense"].decompose()
+    assert isinstance(sch["dense"].mod, LinearWithSeparateBias)
+    assert sch["dense"].mod.weight is weight  # the same parameters
+    sch.trace(flatten=True)
+    (match,) = sch.find(bias_gelu)  # the bias add is now an op of the graph
+    sch.fuse(match, compiler=None)
+    assert "gelu" not in sch.mod.code
+    x = torch.randn(2, 5, plain.dense.in_features)
+    assert torch.allclose(slapo.build_module(sch)(x), plain(x), atol=1e-6)
