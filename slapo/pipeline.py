@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.fx as fx
 
 from . import state
-from .tracing import KIND, has_foreign_hooks
+from .tracing import ITEMS, KIND, has_foreign_hooks
 
 
 def record_cut(sch) -> None:
@@ -59,6 +59,7 @@ def split_stages(sch) -> list[fx.GraphModule]:
     order = {n: i for i, n in enumerate(graph.nodes)}
     cut_nodes.sort(key=order.__getitem__)
     stage_of = _assign_stages(graph, cut_nodes)
+    _carry_non_tensors(graph, stage_of, len(cut_nodes) + 1, cuts=[n.target for n in cut_nodes])
     return _build_stage_modules(gm, graph, stage_of, len(cut_nodes) + 1)
 
 
@@ -134,6 +135,136 @@ def _assign_stages(graph: fx.Graph, cut_nodes: list[fx.Node]) -> dict[fx.Node, i
     return stage_of
 
 
+# --- values other than tensors that cross a cut ------------------------------------------
+# torch.distributed.pipelining sends tensors only, and a stage after the first learns their
+# shapes first (it runs its forward once on empty tensors of those shapes). So a Python value
+# crosses as a tensor with no elements whose metadata holds it exactly: an int n as shape
+# (n, 0), a torch.Size s as shape (*s, 0), a bool as (0 or 1, 0), a dtype as the dtype, a
+# device as the device (the receiving stage's own). Nothing is communicated but metadata,
+# and the value is right even in that first, empty run. A tuple or list crosses item by item
+# and is rebuilt where it is used; None is None in the stage that uses it.
+CARRIED = ("int", "bool", "Size", "dtype", "device")
+
+
+def to_carrier(value, like: torch.Tensor, kind: str, what: str) -> torch.Tensor:
+    """The empty tensor that carries ``value`` (of ``kind``) across a cut, on ``like``'s
+    device; ``what`` names the value and the cut in errors."""
+    if kind == "device":
+        return torch.empty(0, dtype=torch.int8, device=value)
+    if kind == "dtype":
+        return torch.empty(0, dtype=value, device=like.device)
+    if kind == "Size":
+        return torch.empty((*value, 0), dtype=torch.int8, device=like.device)
+    if type(value) is not (bool if kind == "bool" else int) or value < 0:
+        raise ValueError(f"{what} is {value!r} at run time; only a non-negative {kind} (as "
+                         "traced) can cross a pipeline cut")
+    return torch.empty((int(value), 0), dtype=torch.int8, device=like.device)
+
+
+def from_carrier(carrier: torch.Tensor, kind: str):
+    """The value ``to_carrier`` put in ``carrier``."""
+    if kind == "device":
+        return carrier.device
+    if kind == "dtype":
+        return carrier.dtype
+    if kind == "Size":
+        return carrier.shape[:-1]
+    return bool(carrier.shape[0]) if kind == "bool" else int(carrier.shape[0])
+
+
+def _carry_non_tensors(graph: fx.Graph, stage_of: dict[fx.Node, int], num_stages: int,
+                       cuts: list[str]) -> None:
+    """Rewrite ``graph`` so that only tensors cross its cuts (see above); a value that cannot
+    cross is an error naming it and the cut."""
+    pending = [n for n in graph.nodes if n in stage_of]
+    while pending:
+        n = pending.pop(0)
+        stage = stage_of[n]
+        later: dict[int, list[fx.Node]] = {}  # stage -> its nodes that use n
+        for user in n.users:
+            k = stage_of.get(user, num_stages - 1)  # the output node: the last stage
+            if k > stage:
+                later.setdefault(k, []).append(user)
+        kind = n.meta.get(KIND, "unknown")
+        if not later or kind in ("tensor", "unknown"):
+            continue
+        what = (f"the value '{n.name}' ({kind}) that crosses the pipeline cut after "
+                f"'{cuts[stage]}'")
+        picks = [u for users in later.values() for u in users]
+        if kind == "none":
+            for user in picks:
+                user.args, user.kwargs = fx.node.map_arg((user.args, user.kwargs),
+                                                         _replacing(n, None))
+        elif all(u.op == "call_function" and u.target is operator.getitem and
+                 isinstance(u.args[1], int) for u in picks):
+            for user in picks:  # only some items of n are used later: take them out here
+                stage_of[user] = stage
+        elif kind in ("tuple", "list") and ITEMS in n.meta:
+            items = _split_items(graph, n, stage_of)
+            _rebuild_in_stages(graph, n, later, stage_of, tuple if kind == "tuple" else list,
+                               (items,))
+            pending[:0] = items
+        elif kind in CARRIED:
+            like = _tensor_ancestor(n)
+            if like is None:
+                raise ValueError(f"{what} comes from no tensor the stage has; move the cut")
+            with graph.inserting_after(n):
+                carrier = graph.call_function(to_carrier, (n, like, kind, what))
+            carrier.meta[KIND] = "tensor"
+            stage_of[carrier] = stage
+            _rebuild_in_stages(graph, n, later, stage_of, from_carrier, (carrier, kind))
+        else:
+            unknown = "; its items are unknown" if kind in ("tuple", "list") else ""
+            raise ValueError(f"{what} cannot be passed between stages (they exchange tensors, "
+                             f"{', '.join(CARRIED)}, None, and tuples or lists of them"
+                             f"{unknown}); move the cut, or make the value a tensor")
+
+
+def _replacing(old: fx.Node, new):
+    return lambda a: new if a is old else a
+
+
+def _split_items(graph: fx.Graph, n: fx.Node, stage_of) -> list[fx.Node]:
+    """``n[0]``, ``n[1]``, ... as nodes of ``n``'s stage, each with its traced kind."""
+    items, anchor = [], n
+    for i, item in enumerate(n.meta[ITEMS]):
+        with graph.inserting_after(anchor):
+            anchor = graph.call_function(operator.getitem, (n, i))
+        anchor.meta[KIND], sub = (item, None) if isinstance(item, str) else item
+        if sub is not None:
+            anchor.meta[ITEMS] = sub
+        stage_of[anchor] = stage_of[n]
+        items.append(anchor)
+    return items
+
+
+def _rebuild_in_stages(graph, n, later, stage_of, target, args) -> None:
+    """In each later stage that uses ``n``, one node ``target(*args)`` (inserted before the
+    stage's first use) takes ``n``'s place."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for k, users in later.items():
+        with graph.inserting_before(min(users, key=order.__getitem__)):
+            value = graph.call_function(target, args)
+        value.meta.update({key: n.meta[key] for key in (KIND, ITEMS) if key in n.meta})
+        stage_of[value] = k
+        for user in users:
+            user.replace_input_with(n, value)
+
+
+def _tensor_ancestor(n: fx.Node) -> fx.Node | None:
+    """The nearest tensor that ``n`` is computed from (its device is the stage's)."""
+    seen, queue = {n}, list(n.all_input_nodes)
+    while queue:
+        a = queue.pop(0)
+        if a in seen:
+            continue
+        seen.add(a)
+        if a.meta.get(KIND) == "tensor":
+            return a
+        queue.extend(a.all_input_nodes)
+    return None
+
+
 def _build_stage_modules(gm, graph, stage_of, num_stages) -> list[fx.GraphModule]:
     nodes = list(graph.nodes)
     output = nodes[-1]
@@ -149,15 +280,11 @@ def _build_stage_modules(gm, graph, stage_of, num_stages) -> list[fx.GraphModule
         live_out = [] if last else [
             n for n in nodes if n in stage_of and stage_of[n] <= k
             and any(s > k for s in users_stages(n))]
-        for n in live_out:
-            kind = n.meta.get(KIND, "unknown")
-            if kind not in ("tensor", "unknown"):
-                raise ValueError(f"the value '{n.name}' ({kind}) crosses the cut after stage "
-                                 f"{k}; pipeline stages exchange tensors only, move the cut")
         g = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}
         for n in live_in:
             env[n] = g.placeholder(n.name)
+            env[n].meta[KIND] = n.meta.get(KIND, "unknown")
 
         def lookup(a, env=env, g=g):
             if a not in env and a.op == "get_attr":
