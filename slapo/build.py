@@ -29,10 +29,14 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
     - ``"deepspeed"``: ``deepspeed.initialize`` on the scheduled model with ``config=`` (a
       dict or a JSON path) and, optionally, ``optimizer=``: ``(engine, optimizer)``
       (``slapo.engines``);
-    - ``"pipeline"`` (after ``trace`` and ``cut_pipeline_stage``): one stage per rank on
+    - ``"pipeline"`` (after ``trace`` and ``cut_pipeline_stage``): this rank's stage on
       ``torch.distributed.pipelining``, ``(slapo.pipeline.PipelineBuild, None)``; ``kwargs`` go
       to ``slapo.pipeline.build_pipeline`` (``n_microbatches``, ``loss_fn``,
-      ``schedule="GPipe"``, ``group``, ``device``).
+      ``schedule="GPipe"``, and ``group`` or ``topology``). Without ``topology``, one stage
+      per rank of the group. With ``topology=slapo.Topology(dp=, pp=, tp=)`` (3D
+      parallelism), the schedule was created over ``topology.tensor_group`` and sharded
+      there, the cuts make ``pp`` stages, each rank builds its stage in its pipeline group,
+      and ``PipelineBuild.step`` averages the gradients over the data group.
 
     ``init_weights`` (see :func:`initialize`): ``True`` (upstream's default) initialises every
     parameter anew, ``False`` keeps the weights as they are, a function ``fn(module)`` (or
@@ -48,8 +52,11 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
         raise ValueError(f"unknown build target {target!r}; expected one of {TARGETS}")
     if target == "pipeline":
         from .pipeline import build_pipeline
-        pipe = build_pipeline(sch, **kwargs)
-        _finish(pipe.module, init_weights, device, group=None, broadcast=False)  # own stage
+        pipe = build_pipeline(sch, device=device, **kwargs)
+        # each stage initialises its own parameters, alike on the ranks that hold the stage
+        stage_group = pipe.topology.stage_group if pipe.topology is not None else None
+        _finish(pipe.module, init_weights, device, group=stage_group,
+                broadcast=stage_group is not None, shard_group=sch.group)
         return pipe, None
     model = _finish(sch.mod, init_weights, device, group=sch.group, broadcast=True)
     if target == "deepspeed":
@@ -133,7 +140,7 @@ def materialize(model: nn.Module, device: str | torch.device | None = None) -> n
 
 
 def initialize(model: nn.Module, init_weights: bool | Callable = True, group=None,
-               broadcast: bool = True) -> None:
+               broadcast: bool = True, shard_group=None) -> None:
     """Initialise every parameter of ``model`` in place, as the unsharded model would be.
 
     Modules are visited in ``Module.apply`` order (children first, as transformers' own
@@ -144,7 +151,8 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
     ``_init_weights(module)`` where it has one (transformers) and ``module.reset_parameters()``
     otherwise; modules with neither keep zeros, with a warning. With ``broadcast``, the full
     values are then broadcast from the first rank of ``group`` (when it has more than one), so
-    that every rank holds the same model; each rank keeps its slice. The parameter objects
+    that every rank holds the same model; each rank keeps its slice, by its rank in
+    ``shard_group`` (the group the model was sharded over; default ``group``). The parameter objects
     stay the same, with their shard specs, annotations and ties.
     """
     if init_weights is True:
@@ -155,7 +163,8 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
         takes_path = len(inspect.signature(init).parameters) >= 2
     paths = {id(m): path for path, m in model.named_modules()}
     spread = broadcast and world_size(group) > 1
-    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    shard_group = group if shard_group is None else shard_group
+    rank = dist.get_rank(shard_group) if dist.is_initialized() else 0
     order, done, bare = [], set(), []
     model.apply(order.append)
     with torch.no_grad():
@@ -214,13 +223,14 @@ def _holding(module: nn.Module, params: dict[str, nn.Parameter]):
             module.padding_idx = local_padding
 
 
-def _finish(model: nn.Module, init_weights, device, group, broadcast: bool) -> nn.Module:
+def _finish(model: nn.Module, init_weights, device, group, broadcast: bool,
+            shard_group=None) -> nn.Module:
     if init_weights is None:
         init_weights = False
     if init_weights is not False:
         if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
             materialize(model, device)
-        initialize(model, init_weights, group, broadcast)
+        initialize(model, init_weights, group, broadcast, shard_group)
     meta = [name for name, p in model.named_parameters() if p.is_meta]
     if meta:
         raise ValueError(f"parameters still on the meta device after build: {', '.join(meta[:5])}"

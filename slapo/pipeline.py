@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.fx as fx
 
 from . import state
+from .topology import Topology
 from .tracing import ITEMS, KIND, has_foreign_hooks
 
 
@@ -363,12 +364,15 @@ class PipelineBuild:
     ``schedule`` is the ``torch.distributed.pipelining`` schedule (it runs the pipeline),
     ``stage`` its ``PipelineStage``, ``module`` this rank's stage module (give its parameters
     to the optimizer). ``step`` calls ``schedule.step`` with the arguments each rank needs.
+    ``topology`` is the ``slapo.Topology`` it was built with (None: one stage per rank of one
+    group).
     """
     schedule: Any
     stage: Any
     module: fx.GraphModule
     stage_index: int
     num_stages: int
+    topology: Any = None
 
     @property
     def is_first(self) -> bool:
@@ -379,21 +383,53 @@ class PipelineBuild:
         return self.stage_index == self.num_stages - 1
 
     def step(self, *inputs, target=None) -> list[torch.Tensor]:
-        """One training step over the whole batch: the first stage takes ``inputs``, the last
-        ``target``; returns the per-microbatch losses on the last stage (else [])."""
+        """One training step over this replica's batch: the first stage takes ``inputs``,
+        the last ``target``; then, with data parallelism, the gradients are averaged over the
+        replicas (``reduce_gradients``). Returns the per-microbatch losses on the last stage
+        (else [])."""
         losses: list[torch.Tensor] = []
         kwargs = {"target": target, "losses": losses} if self.is_last else {}
         if self.is_first:
             self.schedule.step(*inputs, **kwargs)
         else:
             self.schedule.step(**kwargs)
+        self.reduce_gradients()
         return losses
+
+    def reduce_gradients(self) -> None:
+        """Average this stage's gradients over the data-parallel replicas (a no-op without
+        them). ``step`` calls it; call it yourself after ``schedule.step``.
+
+        One all-reduce of all gradients of a dtype, flattened, after the pipeline's backward
+        (rather than DDP on the stage module, whose bucketed hooks the pipeline's per-stage
+        backward would have to drive): simple, and the same in every schedule."""
+        topo = self.topology
+        if topo is None or topo.dp == 1:
+            return
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for param in self.module.parameters():
+            if param.grad is not None:
+                by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=topo.data_group)
+            flat /= topo.dp
+            for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+                grad.copy_(part.view_as(grad))
 
 
 def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
                    schedule: str | type = "GPipe", group=None, device=None,
-                   stage_index: int | None = None) -> PipelineBuild:
-    """Split the traced model at its cuts and build this rank's stage and schedule."""
+                   stage_index: int | None = None, topology=None) -> PipelineBuild:
+    """Split the traced model at its cuts and build this rank's stage and schedule.
+
+    Without ``topology``, every rank of ``group`` (default: the schedule's group) is one
+    stage, in rank order (``stage_index`` overrides this rank's). With a ``slapo.Topology``,
+    the schedule's group must be the topology's tensor group (the model was sharded over
+    it); the cuts make ``topology.pp`` stages, this rank builds stage
+    ``topology.stage_index`` in its pipeline group, and ``PipelineBuild.step`` averages the
+    gradients over its data group.
+    """
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
 
@@ -401,12 +437,25 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
         raise RuntimeError("build(target='pipeline') needs torch.distributed initialised, one "
                            "rank per stage")
     stages = split_stages(sch)
-    group = group if group is not None else sch.root.group
-    world = dist.get_world_size(group)
+    if topology is not None:
+        if group is not None or stage_index is not None:
+            raise ValueError("build(target='pipeline'): pass topology= or group=/stage_index=, "
+                             "not both (the topology has the pipeline groups)")
+        if not isinstance(topology, Topology):
+            raise TypeError(f"topology= takes a slapo.Topology, got {type(topology).__name__} "
+                            "(for DeepSpeed's PipeModelDataParallelTopology, create "
+                            "slapo.Topology(dp=, pp=, tp=) with its degrees: it makes the "
+                            "process groups)")
+        _check_tensor_group(sch.root, topology)
+        group, rank, world = topology.pipeline_group, topology.stage_index, topology.pp
+        where = f"a topology with pp={world}"
+    else:
+        group = group if group is not None else sch.root.group
+        world = dist.get_world_size(group)
+        rank = dist.get_rank(group) if stage_index is None else stage_index
+        where = f"{world} ranks; a pipeline without topology= needs one rank per stage"
     if len(stages) != world:
-        raise ValueError(f"{len(stages)} pipeline stages ({len(stages) - 1} cuts) for {world} "
-                         "ranks; a pipeline needs one rank per stage")
-    rank = dist.get_rank(group) if stage_index is None else stage_index
+        raise ValueError(f"{len(stages)} pipeline stages ({len(stages) - 1} cuts) for {where}")
     module = stages[rank]
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) \
@@ -414,4 +463,16 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
     stage = PipelineStage(module, rank, world, device, group=group)
     cls = get_schedule_class(schedule) if isinstance(schedule, str) else schedule
     sched = cls(stage, n_microbatches=n_microbatches, loss_fn=loss_fn)
-    return PipelineBuild(sched, stage, module, rank, world)
+    return PipelineBuild(sched, stage, module, rank, world, topology)
+
+
+def _check_tensor_group(root, topology) -> None:
+    """The schedule must have been sharded over the topology's tensor group."""
+    def ranks(group):
+        return dist.get_process_group_ranks(group) if group is not None \
+            else list(range(dist.get_world_size()))
+    have, want = ranks(root.group), ranks(topology.tensor_group)
+    if have != want:
+        raise ValueError(f"the schedule's group has ranks {have}, but {topology!r} has the "
+                         f"tensor group {want}: create the schedule with "
+                         "create_schedule(model, group=topology.tensor_group)")
