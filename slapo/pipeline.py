@@ -8,7 +8,12 @@ works on a copy of the root graph: a cut inside a nested GraphModule (``trace`` 
 then every node goes to the stage of the last cut before it. Stage k takes the values that
 earlier stages produced and later ones use (stage 0: the model's inputs), in graph order, and
 returns those that later stages use; the last stage returns the model's output. Parameters
-and modules stay under their original names in each stage's module.
+and modules stay under their original names in each stage's module. Stages exchange tensors
+only: other values that cross a cut (ints, sizes, devices, tuples, None) are rewritten into
+tensors or rebuilt where they are used (below, at ``CARRIED``).
+
+``build_pipeline`` builds this rank's stage: one stage per rank of a group, or, with a
+``slapo.Topology``, 3D parallelism (tensor-parallel stages, data-parallel replicas).
 
 ``generate_pipeline_partition`` is upstream Slapo's form of the same split: the schedule root
 becomes one module whose children ``submod_0`` ... are the stages, called in turn.

@@ -2,12 +2,13 @@
 CPU ranks, one spawn for every check:
 
 - pipeline 2 x tensor 2: a tiny LLaMA and a tiny GPT-Neo (untied LM head, dropout off),
-  tensor-parallel by their family schedules over the topology's tensor groups, then traced
-  whole and cut after their first layer, train 2 SGD steps (GPipe, 2 microbatches) with the
-  plain model's loss and gradients (sharded gradients gathered over the tensor group, the
-  two stages together). GPT-Neo's stages pass ints (its sequence length and hidden size),
-  LLaMA's the tuple of rotary embeddings; the sequence (20) is longer than GPT-Neo's local
-  window (16).
+  tensor-parallel by their family schedules over the topology's tensor groups (the LLaMA
+  with the kernels and its first layer checkpointed, the GPT-Neo with transformers' own
+  attention), then traced whole and cut after their first layer, train 2 SGD steps (GPipe,
+  2 microbatches) with the plain model's loss and gradients (sharded gradients gathered over
+  the tensor group, the two stages together). GPT-Neo's stages pass ints (its sequence
+  length and hidden size), LLaMA's the tuple of rotary embeddings; the sequence (20) is
+  longer than GPT-Neo's local window (16).
 - data 2 x pipeline 2: the LLaMA on two replicas, each on half of the batch, weights drawn by
   ``init_weights`` from a different seed on every rank: the replicas start alike (build
   broadcasts over the stage's ranks) and, with their gradients averaged over the data group,
@@ -63,12 +64,12 @@ def _full(module, group, grads=True):
             for name, p in module.named_parameters()}
 
 
-def _train(name, dp, pp, tp, init_weights=False):
+def _train(name, dp, pp, tp, init_weights=False, **options):
     topo = slapo.Topology(dp=dp, pp=pp, tp=tp)
     torch.manual_seed(100 + topo.rank)  # init_weights draws differently on every rank
     model = _model(name)
     sch = slapo.create_schedule(model, group=topo.tensor_group)
-    schedule_model(sch, tensor_parallel=True, shard_embedding=False, kernel_opt=False)
+    schedule_model(sch, tensor_parallel=True, shard_embedding=False, **options)
     ids, mask, _ = _batch(name, 99, size=2)
     sch.trace(example_inputs={"input_ids": ids, "attention_mask": mask},
               concrete_args={"use_cache": False, "return_dict": False})
@@ -137,9 +138,10 @@ def _errors():
 
 
 def _all():
-    return {"llama": _train("llama-tiny", dp=1, pp=2, tp=2),
-            "gpt_neo": _train("gpt-neo-tiny", dp=1, pp=2, tp=2),
-            "data_parallel": _train("llama-tiny", dp=2, pp=2, tp=1, init_weights=True),
+    return {"llama": _train("llama-tiny", dp=1, pp=2, tp=2, kernel_opt=True, ckpt_ratio=0.5),
+            "gpt_neo": _train("gpt-neo-tiny", dp=1, pp=2, tp=2, kernel_opt=False),
+            "data_parallel": _train("llama-tiny", dp=2, pp=2, tp=1, init_weights=True,
+                                    kernel_opt=False),
             "errors": _errors()}
 
 
