@@ -36,7 +36,9 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
       per rank of the group. With ``topology=slapo.Topology(dp=, pp=, tp=)`` (3D
       parallelism), the schedule was created over ``topology.tensor_group`` and sharded
       there, the cuts make ``pp`` stages, each rank builds its stage in its pipeline group,
-      and ``PipelineBuild.step`` averages the gradients over the data group.
+      and ``PipelineBuild.step`` averages the gradients over the data group. A parameter
+      that several stages use (tied weights) is held by each, one value for all, its
+      gradients summed over them.
 
     ``init_weights`` (see :func:`initialize`): ``True`` (upstream's default) initialises every
     parameter anew, ``False`` keeps the weights as they are, a function ``fn(module)`` (or
@@ -57,6 +59,7 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
         stage_group = pipe.topology.stage_group if pipe.topology is not None else None
         _finish(pipe.module, init_weights, device, group=stage_group,
                 broadcast=stage_group is not None, shard_group=sch.group)
+        pipe.sync_tied_weights()  # tied weights held by several stages start alike
         return pipe, None
     model = _finish(sch.mod, init_weights, device, group=sch.group, broadcast=True)
     if target == "deepspeed":

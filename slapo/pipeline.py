@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,9 +46,14 @@ def pipeline_cuts(sch) -> list[str]:
 
 
 # --- splitting -------------------------------------------------------------------------
-def split_stages(sch) -> list[fx.GraphModule]:
+def split_stages(sch, tied: bool = False) -> list[fx.GraphModule]:
     """The stage modules of the traced root ``sch`` split at its recorded cuts. Running them
-    one after another (``out = stage(*out)``) computes what the model computes."""
+    one after another (``out = stage(*out)``) computes what the model computes.
+
+    A parameter used by several stages (tied weights: an LM head sharing the embedding) is
+    an error, unless ``tied``: then each of those stages holds it under its own name
+    (``shared_parameters`` lists them) and ``build(target="pipeline")`` keeps the copies
+    equal."""
     root = sch.root
     gm = root.mod
     if state.is_pipeline_partition(gm):  # generate_pipeline_partition has split it already
@@ -66,7 +71,13 @@ def split_stages(sch) -> list[fx.GraphModule]:
     cut_nodes.sort(key=order.__getitem__)
     stage_of = _assign_stages(graph, cut_nodes)
     _carry_non_tensors(graph, stage_of, len(cut_nodes) + 1, cuts=[n.target for n in cut_nodes])
-    return _build_stage_modules(gm, graph, stage_of, len(cut_nodes) + 1)
+    stages = _build_stage_modules(gm, graph, stage_of, len(cut_nodes) + 1)
+    shared = shared_parameters(stages)
+    if shared and not tied:
+        names = ", ".join(f"'{name}' (stage {k})" for k, name in shared[0])
+        raise ValueError(f"one parameter is used by several stages: {names}; a parameter "
+                         "must live in one stage (untie shared weights or move the cut)")
+    return stages
 
 
 def _reach(graph: fx.Graph, gm: fx.GraphModule, path: str) -> fx.Node:
@@ -307,20 +318,17 @@ def _build_stage_modules(gm, graph, stage_of, num_stages) -> list[fx.GraphModule
         g.lint()
         stages.append(fx.GraphModule(gm, g, class_name=f"Stage{k}"))
         live_in = live_out
-    _check_parameters_in_one_stage(stages)
     return stages
 
 
-def _check_parameters_in_one_stage(stages: list[fx.GraphModule]) -> None:
+def shared_parameters(stages: list[fx.GraphModule]) -> list[list[tuple[int, str]]]:
+    """Each parameter that more than one of ``stages`` holds, as its holders ``(stage, name)``
+    in stage order; the parameters in the order of their first holder."""
     owners: dict[int, dict[int, str]] = {}
     for k, stage in enumerate(stages):
         for name, param in stage.named_parameters(remove_duplicate=False):
             owners.setdefault(id(param), {}).setdefault(k, name)
-    for where in owners.values():
-        if len(where) > 1:
-            names = ", ".join(f"'{name}' (stage {k})" for k, name in sorted(where.items()))
-            raise ValueError(f"one parameter is used by several stages: {names}; a parameter "
-                             "must live in one stage (untie shared weights or move the cut)")
+    return sorted(sorted(where.items()) for where in owners.values() if len(where) > 1)
 
 
 def generate_pipeline_partition(sch):
@@ -363,6 +371,16 @@ def _chain_stages(gm: fx.GraphModule, stages: list[fx.GraphModule]) -> fx.GraphM
 
 # --- building for torch.distributed.pipelining ------------------------------------------
 @dataclass
+class Tie:
+    """A parameter of this rank's stage that other stages hold too (tied weights): its
+    copies are kept equal over ``group`` (this pipeline's ranks of the stages that hold it),
+    starting from the value on rank ``src`` (the first of them)."""
+    param: torch.nn.Parameter
+    group: Any
+    src: int
+
+
+@dataclass
 class PipelineBuild:
     """What ``build(sch, target="pipeline")`` returns on each rank.
 
@@ -370,7 +388,7 @@ class PipelineBuild:
     ``stage`` its ``PipelineStage``, ``module`` this rank's stage module (give its parameters
     to the optimizer). ``step`` calls ``schedule.step`` with the arguments each rank needs.
     ``topology`` is the ``slapo.Topology`` it was built with (None: one stage per rank of one
-    group).
+    group); ``ties`` this stage's parameters that other stages hold too.
     """
     schedule: Any
     stage: Any
@@ -378,6 +396,7 @@ class PipelineBuild:
     stage_index: int
     num_stages: int
     topology: Any = None
+    ties: list[Tie] = field(default_factory=list)
 
     @property
     def is_first(self) -> bool:
@@ -402,12 +421,17 @@ class PipelineBuild:
         return losses
 
     def reduce_gradients(self) -> None:
-        """Average this stage's gradients over the data-parallel replicas (a no-op without
-        them). ``step`` calls it; call it yourself after ``schedule.step``.
+        """Sum the gradients of tied parameters over the stages that hold them, then average
+        this stage's gradients over the data-parallel replicas. ``step`` calls it; call it
+        yourself after ``schedule.step``.
 
         One all-reduce of all gradients of a dtype, flattened, after the pipeline's backward
         (rather than DDP on the stage module, whose bucketed hooks the pipeline's per-stage
         backward would have to drive): simple, and the same in every schedule."""
+        for tie in self.ties:  # each holder has the gradient of its own uses
+            if tie.param.grad is None:
+                tie.param.grad = torch.zeros_like(tie.param)
+            dist.all_reduce(tie.param.grad, group=tie.group)
         topo = self.topology
         if topo is None or topo.dp == 1:
             return
@@ -421,6 +445,13 @@ class PipelineBuild:
             flat /= topo.dp
             for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
                 grad.copy_(part.view_as(grad))
+
+    def sync_tied_weights(self) -> None:
+        """Give every copy of a tied parameter the first holder's value (``build`` calls it
+        once the weights are initialised)."""
+        with torch.no_grad():
+            for tie in self.ties:
+                dist.broadcast(tie.param.data, src=tie.src, group=tie.group)
 
 
 def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
@@ -441,7 +472,7 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
     if not dist.is_initialized():
         raise RuntimeError("build(target='pipeline') needs torch.distributed initialised, one "
                            "rank per stage")
-    stages = split_stages(sch)
+    stages = split_stages(sch, tied=True)
     if topology is not None:
         if group is not None or stage_index is not None:
             raise ValueError("build(target='pipeline'): pass topology= or group=/stage_index=, "
@@ -454,21 +485,44 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
         _check_tensor_group(sch.root, topology)
         group, rank, world = topology.pipeline_group, topology.stage_index, topology.pp
         where = f"a topology with pp={world}"
+        stage_ranks = topology.ranks("pipe")
     else:
         group = group if group is not None else sch.root.group
         world = dist.get_world_size(group)
         rank = dist.get_rank(group) if stage_index is None else stage_index
         where = f"{world} ranks; a pipeline without topology= needs one rank per stage"
+        stage_ranks = dist.get_process_group_ranks(group) if group is not None \
+            else list(range(world))
     if len(stages) != world:
         raise ValueError(f"{len(stages)} pipeline stages ({len(stages) - 1} cuts) for {where}")
     module = stages[rank]
+    ties = _ties(shared_parameters(stages), rank, stage_ranks, group, module)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) \
             if torch.cuda.is_available() else torch.device("cpu")
     stage = PipelineStage(module, rank, world, device, group=group)
     cls = get_schedule_class(schedule) if isinstance(schedule, str) else schedule
     sched = cls(stage, n_microbatches=n_microbatches, loss_fn=loss_fn)
-    return PipelineBuild(sched, stage, module, rank, world, topology)
+    return PipelineBuild(sched, stage, module, rank, world, topology, ties)
+
+
+def _ties(shared, stage_index: int, stage_ranks: list[int], group, module) -> list[Tie]:
+    """This stage's ``Tie``s. A tie of every stage uses the pipeline's group; one of some
+    stages a group of their ranks, created by its members only, in the same order on all
+    (``shared`` is the same everywhere)."""
+    groups: dict[tuple[int, ...], Any] = {}
+    ties = []
+    for holders in shared:
+        stages = tuple(k for k, _ in holders)
+        if stage_index not in stages:
+            continue
+        ranks = [stage_ranks[k] for k in stages]
+        if stages not in groups:
+            groups[stages] = group if len(stages) == len(stage_ranks) else \
+                dist.new_group(ranks, use_local_synchronization=True)
+        ties.append(Tie(module.get_parameter(dict(holders)[stage_index]), groups[stages],
+                        src=ranks[0]))
+    return ties
 
 
 def _check_tensor_group(root, topology) -> None:
