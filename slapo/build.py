@@ -155,8 +155,8 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
     otherwise; modules with neither keep zeros, with a warning. With ``broadcast``, the full
     values are then broadcast from the first rank of ``group`` (when it has more than one), so
     that every rank holds the same model; each rank keeps its slice, by its rank in
-    ``shard_group`` (the group the model was sharded over; default ``group``). The parameter objects
-    stay the same, with their shard specs, annotations and ties.
+    ``shard_group`` (the group the model was sharded over; default ``group``). The parameter
+    objects stay the same, with their shard specs, annotations and ties.
     """
     if init_weights is True:
         init = getattr(model, "_init_weights", None)

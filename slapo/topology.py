@@ -51,9 +51,9 @@ class Topology:
     """This rank's place in a dp x pp x tp grid of ranks and its process groups.
 
     The degrees are keyword arguments (``Topology(dp=2, pp=2, tp=2)``). Constructing it is
-    collective: every rank of the world creates it with the same degrees,
-    in the same order as its other process groups (it calls ``dist.new_group`` for every
-    group of every axis). ``dp * pp * tp`` must be the world size.
+    collective: every rank of the world creates it with the same degrees, in the same order
+    as its other process groups (it calls ``dist.new_group`` for every group of every axis).
+    ``dp * pp * tp`` must be the world size.
 
     Attributes:
         dp, pp, tp: the degrees (replicas, stages, tensor-parallel ranks).

@@ -15,6 +15,8 @@ CPU ranks, one spawn for every check:
   of the tied weight start alike (build broadcasts over the stage's ranks, then from the
   first stage) and, with their gradients averaged over the data group, train like the plain
   model started from those weights.
+- pipeline 4: the GPT-Neo in four stages, the tied weight in the first and the last (a
+  group of those two ranks sums its gradients), the ints passing through the middle stages.
 - the groups are the layout of ``slapo.topology.rank_lists``; misuse is a clear error.
 
 Tolerance: relative error (``slapo.verify.relative_error``) at most 1e-5 for each step's loss
@@ -41,6 +43,7 @@ STEPS = 2
 BATCH, SEQ = 4, 20
 LR = 0.1
 CUTS = {"llama-tiny": "model.layers.0", "gpt-neo-tiny": "transformer.h.0"}
+FOUR_STAGES = ("transformer.h.0", "transformer.h.1", "transformer.ln_f")
 
 
 def _model(name):
@@ -66,7 +69,7 @@ def _full(module, group, grads=True):
             for name, p in module.named_parameters()}
 
 
-def _train(name, dp, pp, tp, init_weights=False, **options):
+def _train(name, dp, pp, tp, init_weights=False, cuts=None, **options):
     topo = slapo.Topology(dp=dp, pp=pp, tp=tp)
     torch.manual_seed(100 + topo.rank)  # init_weights draws differently on every rank
     model = _model(name)
@@ -75,7 +78,8 @@ def _train(name, dp, pp, tp, init_weights=False, **options):
     ids, mask, _ = _batch(name, 99, size=2)
     sch.trace(example_inputs={"input_ids": ids, "attention_mask": mask},
               concrete_args={"use_cache": False, "return_dict": False})
-    sch[CUTS[name]].cut_pipeline_stage()
+    for cut in cuts or [CUTS[name]]:
+        sch[cut].cut_pipeline_stage()
     pipe, _ = slapo.build(sch, target="pipeline", topology=topo, n_microbatches=2,
                           loss_fn=causal_loss,
                           init_weights=model._init_weights if init_weights else False)
@@ -144,6 +148,8 @@ def _all():
             "gpt_neo": _train("gpt-neo-tiny", dp=1, pp=2, tp=2, kernel_opt=False),
             "data_parallel": _train("gpt-neo-tiny", dp=2, pp=2, tp=1, init_weights=True,
                                     kernel_opt=True),
+            "four_stages": _train("gpt-neo-tiny", dp=1, pp=4, tp=1, kernel_opt=False,
+                                  cuts=FOUR_STAGES),
             "errors": _errors()}
 
 
@@ -206,6 +212,14 @@ def test_data_2_by_pipeline_2_starts_alike_and_trains_like_the_plain_model(ranks
     assert sorted(initial) == sorted(n for n, _ in plain.named_parameters(remove_duplicate=False))
     plain.load_state_dict(initial)
     _assert_trains_like_plain(runs, "gpt-neo-tiny", plain)
+
+
+def test_four_stages_with_the_tie_in_the_first_and_last(ranks):
+    runs = [r["four_stages"] for r in ranks]
+    assert [r["coords"] for r in runs] == [(0, k, 0) for k in range(4)]
+    assert "transformer.wte.weight" in runs[0]["initial"]
+    assert "lm_head.weight" in runs[3]["initial"]
+    _assert_trains_like_plain(runs, "gpt-neo-tiny", _model("gpt-neo-tiny"))
 
 
 def test_groups_follow_the_layout(ranks):
