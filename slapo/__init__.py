@@ -17,11 +17,12 @@ from .primitives.checkpoint import checkpoint_call as checkpoint
 from .primitives.shard import ShardSpec, shard_spec
 from .random import get_cuda_rng_tracker, set_random_seed
 from .schedule import Schedule, create_schedule
+from .topology import Topology
 from .verify import Verify
 
 __version__ = "0.1.0"
 
-__all__ = ["ModulePattern", "Pattern", "Schedule", "ShardSpec", "Verify", "build",
+__all__ = ["ModulePattern", "Pattern", "Schedule", "ShardSpec", "Topology", "Verify", "build",
            "build_module", "call_module", "checkpoint", "create_schedule", "get_annotations",
            "get_cuda_rng_tracker", "get_primitive", "init_empty_weights", "list_primitives",
            "register_primitive", "set_random_seed", "shard_spec"]

@@ -30,10 +30,16 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
     - ``"deepspeed"``: ``deepspeed.initialize`` on the scheduled model with ``config=`` (a
       dict or a JSON path) and, optionally, ``optimizer=``: ``(engine, optimizer)``
       (``slapo.engines``);
-    - ``"pipeline"`` (after ``trace`` and ``cut_pipeline_stage``): one stage per rank on
+    - ``"pipeline"`` (after ``trace`` and ``cut_pipeline_stage``): this rank's stage on
       ``torch.distributed.pipelining``, ``(slapo.pipeline.PipelineBuild, None)``; ``kwargs`` go
       to ``slapo.pipeline.build_pipeline`` (``n_microbatches``, ``loss_fn``,
-      ``schedule="GPipe"``, ``group``, ``device``).
+      ``schedule="GPipe"``, and ``group`` or ``topology``). Without ``topology``, one stage
+      per rank of the group. With ``topology=slapo.Topology(dp=, pp=, tp=)`` (3D
+      parallelism), the schedule was created over ``topology.tensor_group`` and sharded
+      there, the cuts make ``pp`` stages, each rank builds its stage in its pipeline group,
+      and ``PipelineBuild.step`` averages the gradients over the data group. A parameter
+      that several stages use (tied weights) is held by each, one value for all, its
+      gradients summed over them.
 
     ``init_weights`` (see :func:`initialize`): ``True`` (upstream's default) initialises every
     parameter anew, ``False`` keeps the weights as they are, a function ``fn(module)`` (or
@@ -49,8 +55,12 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
         raise ValueError(f"unknown build target {target!r}; expected one of {TARGETS}")
     if target == "pipeline":
         from .pipeline import build_pipeline
-        pipe = build_pipeline(sch, **kwargs)
-        _finish(pipe.module, init_weights, device, group=None, broadcast=False)  # own stage
+        pipe = build_pipeline(sch, device=device, **kwargs)
+        # each stage initialises its own parameters, alike on the ranks that hold the stage
+        stage_group = pipe.topology.stage_group if pipe.topology is not None else None
+        _finish(pipe.module, init_weights, device, group=stage_group,
+                broadcast=stage_group is not None, shard_group=sch.group)
+        pipe.sync_tied_weights()  # tied weights held by several stages start alike
         return pipe, None
     model = _finish(sch.mod, init_weights, device, group=sch.group, broadcast=True)
     if target == "deepspeed":
@@ -134,7 +144,7 @@ def materialize(model: nn.Module, device: str | torch.device | None = None) -> n
 
 
 def initialize(model: nn.Module, init_weights: bool | Callable = True, group=None,
-               broadcast: bool = True) -> None:
+               broadcast: bool = True, shard_group=None) -> None:
     """Initialise every parameter of ``model`` in place, as the unsharded model would be.
 
     Modules are visited in ``Module.apply`` order (children first, as transformers' own
@@ -145,8 +155,9 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
     ``_init_weights(module)`` where it has one (transformers) and ``module.reset_parameters()``
     otherwise; modules with neither keep zeros, with a warning. With ``broadcast``, the full
     values are then broadcast from the first rank of ``group`` (when it has more than one), so
-    that every rank holds the same model; each rank keeps its slice. The parameter objects
-    stay the same, with their shard specs, annotations and ties.
+    that every rank holds the same model; each rank keeps its slice, by its rank in
+    ``shard_group`` (the group the model was sharded over; default ``group``). The parameter
+    objects stay the same, with their shard specs, annotations and ties.
 
     With ``True``, a module without parameters of its own is initialised too where the
     model's ``_init_weights`` writes parameters below it (GPT-2 scales ``c_proj`` from
@@ -164,7 +175,8 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
         takes_path = len(inspect.signature(init).parameters) >= 2
     paths = {id(m): path for path, m in model.named_modules()}
     spread = broadcast and world_size(group) > 1
-    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    shard_group = group if shard_group is None else shard_group
+    rank = dist.get_rank(shard_group) if dist.is_initialized() else 0
     order, done, bare = [], set(), []
     model.apply(order.append)
     with torch.no_grad():
@@ -172,7 +184,7 @@ def initialize(model: nn.Module, init_weights: bool | Callable = True, group=Non
             params = {name: p for name, p in module._parameters.items() if p is not None}
             own = {name: p for name, p in params.items() if id(p) not in done}
             if not params and init is not None and init_weights is True:
-                _init_from_above(module, init, group, spread, rank)
+                _init_from_above(module, init, group, spread, rank, shard_group)
             if not own:
                 continue
             done.update(id(p) for p in own.values())
@@ -232,9 +244,12 @@ def _swapped(holders: list[tuple[nn.Module, str, nn.Parameter]], new: dict[int, 
             module._parameters[name] = param
 
 
-def _init_from_above(module: nn.Module, call: Callable, group, spread: bool, rank: int) -> None:
+def _init_from_above(module: nn.Module, call: Callable, group, spread: bool, rank: int,
+                     shard_group=None) -> None:
     """``call(module)`` for a module without parameters of its own, where it writes parameters
-    of its descendants (see ``initialize``)."""
+    of its descendants (see ``initialize``); sharded ones are gathered over ``shard_group``
+    (default ``group``) and this rank's slice (``rank`` in it) kept."""
+    shard_group = group if shard_group is None else shard_group
     holders = [(sub, name, p) for sub in module.modules() if sub is not module
                for name, p in sub._parameters.items() if p is not None]
     below = {id(p): p for _, _, p in holders}
@@ -252,12 +267,12 @@ def _init_from_above(module: nn.Module, call: Callable, group, spread: bool, ran
         return
     # only the written parameters get storage (a root's initialiser may write one embedding
     # of a large model); one that reads another parameter's values gets them all
-    full = {**meta, **{key: nn.Parameter(_full_value(below[key], group)) for key in written}}
+    full = {**meta, **{key: nn.Parameter(_full_value(below[key], shard_group)) for key in written}}
     try:
         with _swapped(holders, full):
             call(module)
     except Exception:  # noqa: BLE001 - it read a parameter left on the meta device
-        full = {key: nn.Parameter(_full_value(p, group)) for key, p in below.items()}
+        full = {key: nn.Parameter(_full_value(p, shard_group)) for key, p in below.items()}
         with _swapped(holders, full):
             call(module)
     for key in [key for key in below if key in written]:  # the same order on every rank
@@ -299,13 +314,14 @@ def _holding(module: nn.Module, params: dict[str, nn.Parameter]):
             module.padding_idx = local_padding
 
 
-def _finish(model: nn.Module, init_weights, device, group, broadcast: bool) -> nn.Module:
+def _finish(model: nn.Module, init_weights, device, group, broadcast: bool,
+            shard_group=None) -> nn.Module:
     if init_weights is None:
         init_weights = False
     if init_weights is not False:
         if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
             materialize(model, device)
-        initialize(model, init_weights, group, broadcast)
+        initialize(model, init_weights, group, broadcast, shard_group)
     meta = [name for name, p in model.named_parameters() if p.is_meta]
     if meta:
         raise ValueError(f"parameters still on the meta device after build: {', '.join(meta[:5])}"

@@ -8,7 +8,12 @@ works on a copy of the root graph: a cut inside a nested GraphModule (``trace`` 
 then every node goes to the stage of the last cut before it. Stage k takes the values that
 earlier stages produced and later ones use (stage 0: the model's inputs), in graph order, and
 returns those that later stages use; the last stage returns the model's output. Parameters
-and modules stay under their original names in each stage's module.
+and modules stay under their original names in each stage's module. Stages exchange tensors
+only: other values that cross a cut (ints, sizes, devices, tuples, None) are rewritten into
+tensors or rebuilt where they are used (below, at ``CARRIED``).
+
+``build_pipeline`` builds this rank's stage: one stage per rank of a group, or, with a
+``slapo.Topology``, 3D parallelism (tensor-parallel stages, data-parallel replicas).
 
 ``generate_pipeline_partition`` is upstream Slapo's form of the same split: the schedule root
 becomes one module whose children ``submod_0`` ... are the stages, called in turn.
@@ -19,7 +24,7 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,7 +32,8 @@ import torch.distributed as dist
 import torch.fx as fx
 
 from . import state
-from .tracing import KIND, has_foreign_hooks
+from .topology import Topology
+from .tracing import ITEMS, KIND, has_foreign_hooks
 
 
 def record_cut(sch) -> None:
@@ -40,9 +46,14 @@ def pipeline_cuts(sch) -> list[str]:
 
 
 # --- splitting -------------------------------------------------------------------------
-def split_stages(sch) -> list[fx.GraphModule]:
+def split_stages(sch, tied: bool = False) -> list[fx.GraphModule]:
     """The stage modules of the traced root ``sch`` split at its recorded cuts. Running them
-    one after another (``out = stage(*out)``) computes what the model computes."""
+    one after another (``out = stage(*out)``) computes what the model computes.
+
+    A parameter used by several stages (tied weights: an LM head sharing the embedding) is
+    an error, unless ``tied``: then each of those stages holds it under its own name
+    (``shared_parameters`` lists them) and ``build(target="pipeline")`` keeps the copies
+    equal."""
     root = sch.root
     gm = root.mod
     if state.is_pipeline_partition(gm):  # generate_pipeline_partition has split it already
@@ -59,7 +70,14 @@ def split_stages(sch) -> list[fx.GraphModule]:
     order = {n: i for i, n in enumerate(graph.nodes)}
     cut_nodes.sort(key=order.__getitem__)
     stage_of = _assign_stages(graph, cut_nodes)
-    return _build_stage_modules(gm, graph, stage_of, len(cut_nodes) + 1)
+    _carry_non_tensors(graph, stage_of, len(cut_nodes) + 1, cuts=[n.target for n in cut_nodes])
+    stages = _build_stage_modules(gm, graph, stage_of, len(cut_nodes) + 1)
+    shared = shared_parameters(stages)
+    if shared and not tied:
+        names = ", ".join(f"'{name}' (stage {k})" for k, name in shared[0])
+        raise ValueError(f"one parameter is used by several stages: {names}; a parameter "
+                         "must live in one stage (untie shared weights or move the cut)")
+    return stages
 
 
 def _reach(graph: fx.Graph, gm: fx.GraphModule, path: str) -> fx.Node:
@@ -134,6 +152,136 @@ def _assign_stages(graph: fx.Graph, cut_nodes: list[fx.Node]) -> dict[fx.Node, i
     return stage_of
 
 
+# --- values other than tensors that cross a cut ------------------------------------------
+# torch.distributed.pipelining sends tensors only, and a stage after the first learns their
+# shapes first (it runs its forward once on empty tensors of those shapes). So a Python value
+# crosses as a tensor with no elements whose metadata holds it exactly: an int n as shape
+# (n, 0), a torch.Size s as shape (*s, 0), a bool as (0 or 1, 0), a dtype as the dtype, a
+# device as the device (the receiving stage's own). Nothing is communicated but metadata,
+# and the value is right even in that first, empty run. A tuple or list crosses item by item
+# and is rebuilt where it is used; None is None in the stage that uses it.
+CARRIED = ("int", "bool", "Size", "dtype", "device")
+
+
+def to_carrier(value, like: torch.Tensor, kind: str, what: str) -> torch.Tensor:
+    """The empty tensor that carries ``value`` (of ``kind``) across a cut, on ``like``'s
+    device; ``what`` names the value and the cut in errors."""
+    if kind == "device":
+        return torch.empty(0, dtype=torch.int8, device=value)
+    if kind == "dtype":
+        return torch.empty(0, dtype=value, device=like.device)
+    if kind == "Size":
+        return torch.empty((*value, 0), dtype=torch.int8, device=like.device)
+    if type(value) is not (bool if kind == "bool" else int) or value < 0:
+        raise ValueError(f"{what} is {value!r} at run time; only a non-negative {kind} (as "
+                         "traced) can cross a pipeline cut")
+    return torch.empty((int(value), 0), dtype=torch.int8, device=like.device)
+
+
+def from_carrier(carrier: torch.Tensor, kind: str):
+    """The value ``to_carrier`` put in ``carrier``."""
+    if kind == "device":
+        return carrier.device
+    if kind == "dtype":
+        return carrier.dtype
+    if kind == "Size":
+        return carrier.shape[:-1]
+    return bool(carrier.shape[0]) if kind == "bool" else int(carrier.shape[0])
+
+
+def _carry_non_tensors(graph: fx.Graph, stage_of: dict[fx.Node, int], num_stages: int,
+                       cuts: list[str]) -> None:
+    """Rewrite ``graph`` so that only tensors cross its cuts (see above); a value that cannot
+    cross is an error naming it and the cut."""
+    pending = [n for n in graph.nodes if n in stage_of]
+    while pending:
+        n = pending.pop(0)
+        stage = stage_of[n]
+        later: dict[int, list[fx.Node]] = {}  # stage -> its nodes that use n
+        for user in n.users:
+            k = stage_of.get(user, num_stages - 1)  # the output node: the last stage
+            if k > stage:
+                later.setdefault(k, []).append(user)
+        kind = n.meta.get(KIND, "unknown")
+        if not later or kind in ("tensor", "unknown"):
+            continue
+        what = (f"the value '{n.name}' ({kind}) that crosses the pipeline cut after "
+                f"'{cuts[stage]}'")
+        picks = [u for users in later.values() for u in users]
+        if kind == "none":
+            for user in picks:
+                user.args, user.kwargs = fx.node.map_arg((user.args, user.kwargs),
+                                                         _replacing(n, None))
+        elif all(u.op == "call_function" and u.target is operator.getitem and
+                 isinstance(u.args[1], int) for u in picks):
+            for user in picks:  # only some items of n are used later: take them out here
+                stage_of[user] = stage
+        elif kind in ("tuple", "list") and ITEMS in n.meta:
+            items = _split_items(graph, n, stage_of)
+            _rebuild_in_stages(graph, n, later, stage_of, tuple if kind == "tuple" else list,
+                               (items,))
+            pending[:0] = items
+        elif kind in CARRIED:
+            like = _tensor_ancestor(n)
+            if like is None:
+                raise ValueError(f"{what} comes from no tensor the stage has; move the cut")
+            with graph.inserting_after(n):
+                carrier = graph.call_function(to_carrier, (n, like, kind, what))
+            carrier.meta[KIND] = "tensor"
+            stage_of[carrier] = stage
+            _rebuild_in_stages(graph, n, later, stage_of, from_carrier, (carrier, kind))
+        else:
+            unknown = "; its items are unknown" if kind in ("tuple", "list") else ""
+            raise ValueError(f"{what} cannot be passed between stages (they exchange tensors, "
+                             f"{', '.join(CARRIED)}, None, and tuples or lists of them"
+                             f"{unknown}); move the cut, or make the value a tensor")
+
+
+def _replacing(old: fx.Node, new):
+    return lambda a: new if a is old else a
+
+
+def _split_items(graph: fx.Graph, n: fx.Node, stage_of) -> list[fx.Node]:
+    """``n[0]``, ``n[1]``, ... as nodes of ``n``'s stage, each with its traced kind."""
+    items, anchor = [], n
+    for i, item in enumerate(n.meta[ITEMS]):
+        with graph.inserting_after(anchor):
+            anchor = graph.call_function(operator.getitem, (n, i))
+        anchor.meta[KIND], sub = (item, None) if isinstance(item, str) else item
+        if sub is not None:
+            anchor.meta[ITEMS] = sub
+        stage_of[anchor] = stage_of[n]
+        items.append(anchor)
+    return items
+
+
+def _rebuild_in_stages(graph, n, later, stage_of, target, args) -> None:
+    """In each later stage that uses ``n``, one node ``target(*args)`` (inserted before the
+    stage's first use) takes ``n``'s place."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for k, users in later.items():
+        with graph.inserting_before(min(users, key=order.__getitem__)):
+            value = graph.call_function(target, args)
+        value.meta.update({key: n.meta[key] for key in (KIND, ITEMS) if key in n.meta})
+        stage_of[value] = k
+        for user in users:
+            user.replace_input_with(n, value)
+
+
+def _tensor_ancestor(n: fx.Node) -> fx.Node | None:
+    """The nearest tensor that ``n`` is computed from (its device is the stage's)."""
+    seen, queue = {n}, list(n.all_input_nodes)
+    while queue:
+        a = queue.pop(0)
+        if a in seen:
+            continue
+        seen.add(a)
+        if a.meta.get(KIND) == "tensor":
+            return a
+        queue.extend(a.all_input_nodes)
+    return None
+
+
 def _build_stage_modules(gm, graph, stage_of, num_stages) -> list[fx.GraphModule]:
     nodes = list(graph.nodes)
     output = nodes[-1]
@@ -149,15 +297,11 @@ def _build_stage_modules(gm, graph, stage_of, num_stages) -> list[fx.GraphModule
         live_out = [] if last else [
             n for n in nodes if n in stage_of and stage_of[n] <= k
             and any(s > k for s in users_stages(n))]
-        for n in live_out:
-            kind = n.meta.get(KIND, "unknown")
-            if kind not in ("tensor", "unknown"):
-                raise ValueError(f"the value '{n.name}' ({kind}) crosses the cut after stage "
-                                 f"{k}; pipeline stages exchange tensors only, move the cut")
         g = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}
         for n in live_in:
             env[n] = g.placeholder(n.name)
+            env[n].meta[KIND] = n.meta.get(KIND, "unknown")
 
         def lookup(a, env=env, g=g):
             if a not in env and a.op == "get_attr":
@@ -174,20 +318,17 @@ def _build_stage_modules(gm, graph, stage_of, num_stages) -> list[fx.GraphModule
         g.lint()
         stages.append(fx.GraphModule(gm, g, class_name=f"Stage{k}"))
         live_in = live_out
-    _check_parameters_in_one_stage(stages)
     return stages
 
 
-def _check_parameters_in_one_stage(stages: list[fx.GraphModule]) -> None:
+def shared_parameters(stages: list[fx.GraphModule]) -> list[list[tuple[int, str]]]:
+    """Each parameter that more than one of ``stages`` holds, as its holders ``(stage, name)``
+    in stage order; the parameters in the order of their first holder."""
     owners: dict[int, dict[int, str]] = {}
     for k, stage in enumerate(stages):
         for name, param in stage.named_parameters(remove_duplicate=False):
             owners.setdefault(id(param), {}).setdefault(k, name)
-    for where in owners.values():
-        if len(where) > 1:
-            names = ", ".join(f"'{name}' (stage {k})" for k, name in sorted(where.items()))
-            raise ValueError(f"one parameter is used by several stages: {names}; a parameter "
-                             "must live in one stage (untie shared weights or move the cut)")
+    return sorted(sorted(where.items()) for where in owners.values() if len(where) > 1)
 
 
 def generate_pipeline_partition(sch):
@@ -230,18 +371,32 @@ def _chain_stages(gm: fx.GraphModule, stages: list[fx.GraphModule]) -> fx.GraphM
 
 # --- building for torch.distributed.pipelining ------------------------------------------
 @dataclass
+class Tie:
+    """A parameter of this rank's stage that other stages hold too (tied weights): its
+    copies are kept equal over ``group`` (this pipeline's ranks of the stages that hold it),
+    starting from the value on rank ``src`` (the first of them)."""
+    param: torch.nn.Parameter
+    group: Any
+    src: int
+
+
+@dataclass
 class PipelineBuild:
     """What ``build(sch, target="pipeline")`` returns on each rank.
 
     ``schedule`` is the ``torch.distributed.pipelining`` schedule (it runs the pipeline),
     ``stage`` its ``PipelineStage``, ``module`` this rank's stage module (give its parameters
     to the optimizer). ``step`` calls ``schedule.step`` with the arguments each rank needs.
+    ``topology`` is the ``slapo.Topology`` it was built with (None: one stage per rank of one
+    group); ``ties`` this stage's parameters that other stages hold too.
     """
     schedule: Any
     stage: Any
     module: fx.GraphModule
     stage_index: int
     num_stages: int
+    topology: Any = None
+    ties: list[Tie] = field(default_factory=list)
 
     @property
     def is_first(self) -> bool:
@@ -252,39 +407,131 @@ class PipelineBuild:
         return self.stage_index == self.num_stages - 1
 
     def step(self, *inputs, target=None) -> list[torch.Tensor]:
-        """One training step over the whole batch: the first stage takes ``inputs``, the last
-        ``target``; returns the per-microbatch losses on the last stage (else [])."""
+        """One training step over this replica's batch: the first stage takes ``inputs``,
+        the last ``target``; then, with data parallelism, the gradients are averaged over the
+        replicas (``reduce_gradients``). Returns the per-microbatch losses on the last stage
+        (else [])."""
         losses: list[torch.Tensor] = []
         kwargs = {"target": target, "losses": losses} if self.is_last else {}
         if self.is_first:
             self.schedule.step(*inputs, **kwargs)
         else:
             self.schedule.step(**kwargs)
+        self.reduce_gradients()
         return losses
+
+    def reduce_gradients(self) -> None:
+        """Sum the gradients of tied parameters over the stages that hold them, then average
+        this stage's gradients over the data-parallel replicas. ``step`` calls it; call it
+        yourself after ``schedule.step``.
+
+        One all-reduce of all gradients of a dtype, flattened, after the pipeline's backward
+        (rather than DDP on the stage module, whose bucketed hooks the pipeline's per-stage
+        backward would have to drive): simple, and the same in every schedule."""
+        for tie in self.ties:  # each holder has the gradient of its own uses
+            if tie.param.grad is None:
+                tie.param.grad = torch.zeros_like(tie.param)
+            dist.all_reduce(tie.param.grad, group=tie.group)
+        topo = self.topology
+        if topo is None or topo.dp == 1:
+            return
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for param in self.module.parameters():
+            if param.grad is not None:
+                by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=topo.data_group)
+            flat /= topo.dp
+            for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
+                grad.copy_(part.view_as(grad))
+
+    def sync_tied_weights(self) -> None:
+        """Give every copy of a tied parameter the first holder's value (``build`` calls it
+        once the weights are initialised)."""
+        with torch.no_grad():
+            for tie in self.ties:
+                dist.broadcast(tie.param.data, src=tie.src, group=tie.group)
 
 
 def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
                    schedule: str | type = "GPipe", group=None, device=None,
-                   stage_index: int | None = None) -> PipelineBuild:
-    """Split the traced model at its cuts and build this rank's stage and schedule."""
+                   stage_index: int | None = None, topology=None) -> PipelineBuild:
+    """Split the traced model at its cuts and build this rank's stage and schedule.
+
+    Without ``topology``, every rank of ``group`` (default: the schedule's group) is one
+    stage, in rank order (``stage_index`` overrides this rank's). With a ``slapo.Topology``,
+    the schedule's group must be the topology's tensor group (the model was sharded over
+    it); the cuts make ``topology.pp`` stages, this rank builds stage
+    ``topology.stage_index`` in its pipeline group, and ``PipelineBuild.step`` averages the
+    gradients over its data group.
+    """
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     if not dist.is_initialized():
         raise RuntimeError("build(target='pipeline') needs torch.distributed initialised, one "
                            "rank per stage")
-    stages = split_stages(sch)
-    group = group if group is not None else sch.root.group
-    world = dist.get_world_size(group)
+    stages = split_stages(sch, tied=True)
+    if topology is not None:
+        if group is not None or stage_index is not None:
+            raise ValueError("build(target='pipeline'): pass topology= or group=/stage_index=, "
+                             "not both (the topology has the pipeline groups)")
+        if not isinstance(topology, Topology):
+            raise TypeError(f"topology= takes a slapo.Topology, got {type(topology).__name__} "
+                            "(for DeepSpeed's PipeModelDataParallelTopology, create "
+                            "slapo.Topology(dp=, pp=, tp=) with its degrees: it makes the "
+                            "process groups)")
+        _check_tensor_group(sch.root, topology)
+        group, rank, world = topology.pipeline_group, topology.stage_index, topology.pp
+        where = f"a topology with pp={world}"
+        stage_ranks = topology.ranks("pipe")
+    else:
+        group = group if group is not None else sch.root.group
+        world = dist.get_world_size(group)
+        rank = dist.get_rank(group) if stage_index is None else stage_index
+        where = f"{world} ranks; a pipeline without topology= needs one rank per stage"
+        stage_ranks = dist.get_process_group_ranks(group) if group is not None \
+            else list(range(world))
     if len(stages) != world:
-        raise ValueError(f"{len(stages)} pipeline stages ({len(stages) - 1} cuts) for {world} "
-                         "ranks; a pipeline needs one rank per stage")
-    rank = dist.get_rank(group) if stage_index is None else stage_index
+        raise ValueError(f"{len(stages)} pipeline stages ({len(stages) - 1} cuts) for {where}")
     module = stages[rank]
+    ties = _ties(shared_parameters(stages), rank, stage_ranks, group, module)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) \
             if torch.cuda.is_available() else torch.device("cpu")
     stage = PipelineStage(module, rank, world, device, group=group)
     cls = get_schedule_class(schedule) if isinstance(schedule, str) else schedule
     sched = cls(stage, n_microbatches=n_microbatches, loss_fn=loss_fn)
-    return PipelineBuild(sched, stage, module, rank, world)
+    return PipelineBuild(sched, stage, module, rank, world, topology, ties)
+
+
+def _ties(shared, stage_index: int, stage_ranks: list[int], group, module) -> list[Tie]:
+    """This stage's ``Tie``s. A tie of every stage uses the pipeline's group; one of some
+    stages a group of their ranks, created by its members only, in the same order on all
+    (``shared`` is the same everywhere)."""
+    groups: dict[tuple[int, ...], Any] = {}
+    ties = []
+    for holders in shared:
+        stages = tuple(k for k, _ in holders)
+        if stage_index not in stages:
+            continue
+        ranks = [stage_ranks[k] for k in stages]
+        if stages not in groups:
+            groups[stages] = group if len(stages) == len(stage_ranks) else \
+                dist.new_group(ranks, use_local_synchronization=True)
+        ties.append(Tie(module.get_parameter(dict(holders)[stage_index]), groups[stages],
+                        src=ranks[0]))
+    return ties
+
+
+def _check_tensor_group(root, topology) -> None:
+    """The schedule must have been sharded over the topology's tensor group."""
+    def ranks(group):
+        return dist.get_process_group_ranks(group) if group is not None \
+            else list(range(dist.get_world_size()))
+    have, want = ranks(root.group), ranks(topology.tensor_group)
+    if have != want:
+        raise ValueError(f"the schedule's group has ranks {have}, but {topology!r} has the "
+                         f"tensor group {want}: create the schedule with "
+                         "create_schedule(model, group=topology.tensor_group)")

@@ -32,8 +32,8 @@ above), ``errors`` (``TraceError``).
 """
 
 from .errors import TraceError
-from .proxies import KIND
+from .proxies import ITEMS, KIND
 from .tracer import SlapoTracer, has_foreign_hooks, is_traced, trace_module
 
-__all__ = ["KIND", "SlapoTracer", "TraceError", "has_foreign_hooks", "is_traced",
+__all__ = ["ITEMS", "KIND", "SlapoTracer", "TraceError", "has_foreign_hooks", "is_traced",
            "trace_module"]

@@ -20,6 +20,7 @@ from .errors import TraceError
 
 META = "slapo_meta"         # node.meta key holding the example value while tracing
 KIND = "slapo_kind"         # node.meta key kept after tracing: "tensor", "none", a type name
+ITEMS = "slapo_items"       # ... and, for a tuple or list, the description of each item
 UNKNOWN = object()          # no example value known for a node
 
 
@@ -60,6 +61,16 @@ def kind_of(meta: Any) -> str:
     if meta is None:
         return "none"
     return type(meta).__name__
+
+
+def items_of(meta: Any) -> tuple | None:
+    """What ``node.meta[ITEMS]`` keeps of a tuple or list example value (None for others):
+    each item's kind, or ``(kind, items)`` for an item that is itself a tuple or list. A
+    ``torch.Size`` is one value, not a tuple of items."""
+    if type(meta) not in (tuple, list):
+        return None
+    return tuple(kind_of(x) if items_of(x) is None else (kind_of(x), items_of(x))
+                 for x in meta)
 
 
 class MetaProxy(fx.Proxy):

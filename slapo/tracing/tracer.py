@@ -27,11 +27,13 @@ from .adapter import CallAdapter, adapter_of
 from .call_plan import CallPlan, Slot, plan_for_call, plan_for_root
 from .errors import TraceError
 from .proxies import (
+    ITEMS,
     KIND,
     META,
     UNKNOWN,
     MetaProxy,
     UnknownMeta,
+    items_of,
     kind_of,
     meta_of,
     to_meta,
@@ -408,12 +410,15 @@ def _trace_error(err: Exception, path: str, mod: nn.Module) -> TraceError:
 
 
 def _finish(gm: fx.GraphModule, mod: nn.Module) -> None:
-    """Drop example values (keeping their kind), keep plain attributes such as ``config``."""
+    """Drop example values (keeping their kind, and a tuple's item kinds), keep plain
+    attributes such as ``config``."""
     gm.graph.eliminate_dead_code()
     _keep_alias_names(gm, mod)
     for node in gm.graph.nodes:
         meta = node.meta.pop(META, UNKNOWN)
         node.meta[KIND] = kind_of(meta)
+        if (items := items_of(meta)) is not None:
+            node.meta[ITEMS] = items
     gm.recompile()
     for name, value in mod.__dict__.items():
         if name.startswith("_") or name in gm.__dict__ or hasattr(type(gm), name):
