@@ -16,10 +16,10 @@ import torch
 # Offset added to the base seed for per-rank streams, so that they never coincide with the
 # default generator's stream.
 STREAM_SEED_OFFSET = 2718
-# The per-rank stream of tensor parallelism (fork_rng's default); upstream Slapo and
-# Megatron-LM call it "model-parallel-rng", a name that is accepted for it.
-TENSOR_PARALLEL = "tensor_parallel"
-_ALIASES = {"model-parallel-rng": TENSOR_PARALLEL}
+# The per-rank stream of tensor parallelism (fork_rng's default), under upstream Slapo's and
+# Megatron-LM's name (get_states() lists it so); "tensor_parallel" is accepted for it too.
+TENSOR_PARALLEL = "model-parallel-rng"
+_ALIASES = {"tensor_parallel": TENSOR_PARALLEL}
 
 
 def _canonical(name: str) -> str:

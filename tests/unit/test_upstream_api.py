@@ -84,9 +84,10 @@ def test_set_random_seed_creates_the_tensor_parallel_stream():
     for tp_rank in (0, 1, 0):
         slapo.set_random_seed(5, tp_rank=tp_rank)
         outside = torch.rand(2)
-        with tracker.fork("model-parallel-rng"):  # upstream's name of the same stream
+        with tracker.fork("tensor_parallel"):  # another name of the same stream
             inside = torch.rand(2)
         draws.append((outside, inside, torch.rand(2)))
+        assert list(tracker.get_states()) == ["model-parallel-rng"]  # upstream's name
     (out0, in0, after0), (out1, in1, after1), (out0b, in0b, _) = draws
     assert torch.equal(out0, out1)      # replicated regions agree across TP ranks
     assert not torch.equal(in0, in1)    # sharded regions draw per rank
