@@ -16,10 +16,14 @@
 # MariaDB of its own): the Snakemake executor plugin learns from `sacct` that a job ended.
 #
 # Everything `start` makes (configs, munge key, database, spool, logs, pid files, sockets) lives
-# in $SLAPO_SLURM_DIR (default /var/lib/slapo-slurm), and `stop` removes exactly that folder;
-# clients find the cluster through SLURM_CONF=$SLAPO_SLURM_DIR/etc/slurm.conf. The daemons
-# listen on ports $SLAPO_SLURM_PORT (default 6817: slurmctld), +1 (slurmd), +2 (slurmdbd).
-# The packages stay installed. Their own services are not used (nothing under /etc changes).
+# in $SLAPO_SLURM_DIR (default /var/lib/slapo-slurm), and `stop` removes exactly that folder
+# and the one thing start puts outside it: /etc/slurm/slurm.conf, a link to the cluster's
+# slurm.conf, where clients look by default. A link and not SLURM_CONF alone, as the Snakemake
+# plugin's job step (snakemake-executor-plugin-slurm-jobstep 0.6.1) drops SLURM_CONF from the
+# environment of the `srun` it runs inside each job. A machine whose /etc/slurm/slurm.conf is
+# its own has a cluster already: start refuses it (exit 3). The daemons listen on ports
+# $SLAPO_SLURM_PORT (default 6817: slurmctld), +1 (slurmd), +2 (slurmdbd). The packages stay
+# installed; their own services are not used.
 #
 # Exit status: 0 done; 1 failed (the log lines say which daemon and why); 3 this machine cannot
 # run it (not root, or no apt-get and no Slurm installed): callers such as .ci/run skip on 3.
@@ -34,6 +38,7 @@ PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server)
 BINARIES=(slurmctld slurmd slurmdbd sbatch sacct sacctmgr munged mariadbd mariadb-install-db)
 MARKER=$DIR/.slapo-slurm  # stop removes $DIR only where start left this
 export SLURM_CONF=$DIR/etc/slurm.conf
+DEFAULT_CONF=/etc/slurm/slurm.conf  # where Debian's Slurm clients look without SLURM_CONF
 # slurmdbd reaches MariaDB through this socket (no TCP port to collide with another server)
 export MYSQL_UNIX_PORT=$DIR/run/mysqld.sock
 PATH=$PATH:/usr/sbin:/sbin
@@ -265,9 +270,14 @@ smoke_job() {  # one job through the cluster, and its end in the accounting
   die "job $id ended but sacct says '${state:-nothing}' after 30 s"
 }
 
+ours() { [[ -L $DEFAULT_CONF && $(readlink "$DEFAULT_CONF") == "$SLURM_CONF" ]]; }
+
 start() {
   [[ $(id -u) == 0 ]] || cannot "starting slurmd and the others needs root"
   install_packages
+  if [[ -e $DEFAULT_CONF || -L $DEFAULT_CONF ]] && ! ours; then
+    cannot "$DEFAULT_CONF exists: this machine has a Slurm configuration of its own"
+  fi
   NODE=$(hostname -s)
   SLURM_USER=$(id -un slurm 2>/dev/null || id -un)
   mkdir -p "$DIR"
@@ -283,6 +293,8 @@ start() {
   chown mysql "$DIR/run"  # mariadbd writes its socket and pid file here as user mysql
   chmod 755 "$DIR" "$DIR/run" "$DIR/munge"
   write_configs
+  mkdir -p "$(dirname "$DEFAULT_CONF")"
+  ours || ln -s "$SLURM_CONF" "$DEFAULT_CONF"
   start_munge
   start_mariadb
   start_slurmdbd
@@ -315,8 +327,10 @@ stop() {
   fi
   local name
   for name in slurmd slurmctld slurmdbd mariadbd munged; do stop_pid "$name"; done
+  local removed_link=
+  if ours; then rm -f "$DEFAULT_CONF"; removed_link=" and the link $DEFAULT_CONF"; fi
   rm -rf "$DIR"
-  say "stopped; removed $DIR"
+  say "stopped; removed $DIR${removed_link:-}"
 }
 
 status() {
