@@ -7,7 +7,6 @@
 #   bash scripts/slurm_local.sh start     install if needed, then start munged, mariadbd,
 #                                         slurmdbd, slurmctld and slurmd on localhost and run
 #                                         one job through them; again: checks, starts nothing
-#   bash scripts/slurm_local.sh env       what a shell needs to use it (eval "$(... env)")
 #   bash scripts/slurm_local.sh status    the daemons and the node
 #   bash scripts/slurm_local.sh stop      stop the daemons (and their jobs), remove the state
 #
@@ -99,25 +98,36 @@ wait_for() {  # wait_for SECONDS DAEMON COMMAND...: poll until COMMAND succeeds
   return 1
 }
 
-node_line() {  # this machine as slurmd sees it, with its GPUs as gres
-  local line gpus
-  line=$(slurmd -C | head -1)
-  [[ $line == NodeName=* ]] || die "slurmd -C gave no node line: $line"
-  # keep CPUs and memory exactly as slurmd will report them, or the node is drained
-  line=${line#NodeName=* }
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-  [[ $gpus == 0 ]] && gpus=
-  echo "NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$NODE $line${gpus:+ Gres=gpu:$gpus}" \
-    "State=UNKNOWN"
-  echo "# gpus=${gpus:-0}"
+gpu_count() {  # the GPUs nvidia-smi lists; nothing where there are none
+  local n
+  n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  [[ ${n:-0} != 0 ]] && echo "$n"
+  return 0
 }
 
-write_configs() {
-  [[ -s $SLURM_CONF ]] && return 0
-  local nodes gpus
-  nodes=$(node_line)
-  gpus=$(sed -n 's/^# gpus=//p' <<<"$nodes")
-  nodes=$(grep -v '^#' <<<"$nodes")
+node_line() {  # this machine as slurmd sees it, with its GPUs as gres
+  local line
+  line=$(slurmd -C | head -1)
+  [[ $line == NodeName=* ]] || die "slurmd -C gave no node line: $line"
+  # CPUs and memory exactly as slurmd will report them (a node reporting less is drained)
+  line=${line#NodeName=* }
+  echo "NodeName=$NODE NodeAddr=127.0.0.1 NodeHostname=$NODE $line${1:+ Gres=gpu:$1}" \
+    "State=UNKNOWN"
+}
+
+write_configs() {  # each file once: a second start keeps them (and the database password)
+  local gpus
+  gpus=$(gpu_count)
+  [[ -s $SLURM_CONF ]] || write_slurm_conf "$gpus"
+  if [[ -n $gpus && ! -s $DIR/etc/gres.conf ]]; then
+    echo "Name=gpu File=/dev/nvidia[0-$((gpus - 1))]" >"$DIR/etc/gres.conf"
+  fi
+  [[ -s $DIR/etc/slurmdbd.conf ]] || write_slurmdbd_conf
+}
+
+write_slurm_conf() {  # write_slurm_conf GPUS
+  local nodes
+  nodes=$(node_line "$1")
   cat >"$SLURM_CONF" <<EOF
 # A one-machine cluster made by scripts/slurm_local.sh; all its state is under $DIR.
 ClusterName=$CLUSTER
@@ -151,17 +161,13 @@ AccountingStoragePort=$((PORT + 2))
 AccountingStoragePass=$DIR/munge/munge.socket
 JobAcctGatherType=jobacct_gather/linux
 JobCompType=jobcomp/none
-# seconds-scale turnaround for a test cluster (the defaults poll less often)
-MinJobAge=300
-SlurmctldTimeout=30
-SlurmdTimeout=30
-${gpus:+GresTypes=gpu}
+${1:+GresTypes=gpu}
 $nodes
 PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
-  if [[ -n $gpus && $gpus != 0 ]]; then
-    echo "Name=gpu File=/dev/nvidia[0-$((gpus - 1))]" >"$DIR/etc/gres.conf"
-  fi
+}
+
+write_slurmdbd_conf() {
   # slurmdbd.conf holds the database password: its owner alone may read it (slurmdbd insists)
   local pass
   pass=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
@@ -216,7 +222,8 @@ start_mariadb() {
   wait_for 60 mariadbd db -e 'select 1'
   local pass
   pass=$(sed -n 's/^StoragePass=//p' "$DIR/etc/slurmdbd.conf")
-  db -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$pass';
+  db -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost';
+            ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$pass';
             GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';" ||
     die "could not create the database user of slurmdbd"
 }
@@ -301,10 +308,7 @@ start() {
   start_slurm
   smoke_job
   say "cluster $CLUSTER is up: partition $PARTITION, account $ACCOUNT; state in $DIR"
-  env_lines
 }
-
-env_lines() { echo "export SLURM_CONF=$SLURM_CONF"; }
 
 stop_pid() {  # stop_pid NAME: TERM the daemon, KILL it after 30 s
   local file=$DIR/run/$1.pid pid i
@@ -320,7 +324,11 @@ stop_pid() {  # stop_pid NAME: TERM the daemon, KILL it after 30 s
 }
 
 stop() {
-  [[ -d $DIR ]] || { say "nothing to stop: no $DIR"; return 0; }
+  if [[ ! -d $DIR ]]; then
+    if ours; then rm -f "$DEFAULT_CONF"; fi  # left by a start that got no further
+    say "nothing to stop: no $DIR"
+    return 0
+  fi
   [[ -e $MARKER ]] || die "$DIR was not made by this script (no $MARKER); not touching it"
   if alive "$DIR/run/slurmctld.pid"; then
     squeue -h -o %A | xargs -r scancel --full 2>/dev/null || true
@@ -348,6 +356,5 @@ case ${1:-} in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  env) env_lines ;;
-  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2; exit 2 ;;
 esac
