@@ -123,9 +123,10 @@ def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int,
                          "vocabulary-parallel embedding keeps one contiguous range of ids")
     world = sch.world_size
     if param.shape[axis] % (world * parts):
-        split = f"{parts} parts, each over {world} ranks" if parts > 1 else f"{world} ranks"
+        split = f"in {parts} parts, each over {world} ranks" if parts > 1 else \
+            f"over {world} ranks"
         raise ValueError(f"cannot shard '{where}' of shape {tuple(param.shape)} along axis "
-                         f"{axis} in {split}: {param.shape[axis]} is not divisible by "
+                         f"{axis} {split}: {param.shape[axis]} is not divisible by "
                          f"{world * parts}")
     spec = ShardSpec(axis, world, tuple(param.shape), parts)
     local = local_slice(param.detach(), spec, sch.rank)
