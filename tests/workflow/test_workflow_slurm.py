@@ -1,12 +1,15 @@
 """Cases as Slurm jobs: three real CPU cases (the harness CLI, tiny BERT on 1 and 2 ranks)
 submitted through ``workflow/profiles/slurm-local`` to a running Slurm cluster, then the
-aggregate CSV. Needs the cluster of ``scripts/slurm_local.sh start`` (``.ci/run`` starts it);
-skips, saying why, where none answers."""
+aggregate CSV; and a case on two "nodes" through ``scripts/srun_case.sh``. Needs the cluster
+of ``scripts/slurm_local.sh start`` (``.ci/run`` starts it); skips, saying why, where none
+answers."""
 import importlib.util
 import re
 import shutil
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -24,6 +27,13 @@ slapo-megatron bert-tiny 1,2 32 0 4 0
 CASES = ["megatron__bert-tiny__g1__s32__b4__c0", "slapo-megatron__bert-tiny__g1__s32__b4__c0",
          "slapo-megatron__bert-tiny__g2__s32__b4__c0"]
 START = "start one with `bash scripts/slurm_local.sh start`"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _query(*cmd: str) -> subprocess.CompletedProcess:
@@ -102,3 +112,24 @@ def test_cases_run_as_slurm_jobs(cluster, repo):
     assert (table["samples_per_s"] > 0).all()
     # Snakemake's bookkeeping is the same as for local runs: nothing left to do
     assert repo.dry_run("results/e2e.csv") == {}
+
+
+def test_a_case_on_two_nodes_runs_through_srun(cluster, tmp_path):
+    """``scripts/srun_case.sh``: one slapo-bench per node through srun, one c10d rendezvous.
+    The local cluster has one machine, so the case's two "nodes" are two tasks on it."""
+    out = tmp_path / "record.json"
+    job = _query("sbatch", "--parsable", "--wait", "--partition", PARTITION, "--ntasks", "2",
+                 "--cpus-per-task", "1", "--mem-per-cpu", "1000", "--time", "10",
+                 "--output", str(tmp_path / "slurm-%j.out"), "--export",
+                 f"ALL,SLAPO_CASE_NODES=2,SLAPO_RDZV_PORT={_free_port()},HF_HUB_OFFLINE=1",
+                 "--wrap", f"{REPO / 'scripts' / 'srun_case.sh'} --device cpu --mode eager "
+                 "--model bert-tiny --gpus 2 --seq-len 16 --batch-size 4 --steps 3 --warmup 1 "
+                 f"--cores 1 --timeout 300 --out {out}")
+    log = "\n".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert job.returncode == 0, f"{job.stderr}\n{log[-3000:]}"
+    record = read_record(out)
+    assert record.status == "ok", record.reason
+    assert (record.case["nodes"], record.case["gpus_per_node"]) == (2, 1)
+    assert len(record.metrics.peak_mem_bytes) == 2  # both agents' ranks reported
+    # both tasks finished: the one with rank 0 wrote the record, the other found it there
+    assert log.count(f"-> {out}") == 2, log[-3000:]
