@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._adopt import adopt
+
 logger = logging.getLogger(__name__)
 
 ENV_COMPILE = "SLAPO_COMPILE_KERNELS"
@@ -143,13 +145,8 @@ class LinearGeLU(nn.Linear):
     def from_linear(cls, linear: nn.Linear, approximate: str = "none") -> LinearGeLU:
         if approximate not in _EAGER:
             raise ValueError(f"unknown GeLU approximation {approximate!r}")
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.weight = linear.weight
-        new.bias = linear.bias
-        new.approximate = approximate
-        return new
+        return adopt(cls, linear, ("in_features", "out_features", "weight", "bias"),
+                     approximate=approximate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.epilogue(F.linear(x, self.weight))
@@ -184,12 +181,7 @@ def _make_conv1d_gelu() -> type:
         def from_conv1d(cls, conv: nn.Module, approximate: str = "none") -> Conv1DGeLU:
             if approximate not in _EAGER:
                 raise ValueError(f"unknown GeLU approximation {approximate!r}")
-            new = cls.__new__(cls)
-            nn.Module.__init__(new)
-            new.nf, new.nx = conv.nf, conv.nx
-            new.weight, new.bias = conv.weight, conv.bias
-            new.approximate = approximate
-            return new
+            return adopt(cls, conv, ("nf", "nx", "weight", "bias"), approximate=approximate)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return bias_gelu(torch.matmul(x, self.weight), self.bias, self.approximate)

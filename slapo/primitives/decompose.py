@@ -119,6 +119,7 @@ def decompose(sch) -> None:
         ffn.find(lambda x, bias: F.gelu(x + bias))
     """
     from ..op import LinearWithSeparateBias  # slapo.op imports the primitives' package
+    from ..op._adopt import adopt
 
     where = sch.path or "<root>"
     mod = sch.mod
@@ -138,11 +139,8 @@ def decompose(sch) -> None:
                              f"{not_called_reason(sch)}")
         # Not traced yet (upstream's order: decompose, then trace): a Linear that adds its
         # bias as a second op, which a later trace(flatten=True) records in the graph.
-        new = LinearWithSeparateBias.__new__(LinearWithSeparateBias)
-        nn.Module.__init__(new)
-        new.in_features, new.out_features = mod.in_features, mod.out_features
-        new.weight, new.bias, new.training = mod.weight, mod.bias, mod.training
-        sch.replace(new)
+        sch.replace(adopt(LinearWithSeparateBias, mod,
+                          ("in_features", "out_features", "weight", "bias", "training")))
         return
     owner_sch, rel, calls = owner
     new = DecomposedLinear(mod)
