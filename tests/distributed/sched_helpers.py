@@ -76,3 +76,16 @@ def assert_equal_training(reports, what: str, tol: float = TOL) -> None:
 
 def worst(reports) -> str:
     return ", ".join(f"{r.max_grad_error[1]:.1e}" for r in reports)
+
+
+def backward_node_names(tensor) -> list[str]:
+    """The class names of the autograd nodes behind ``tensor``, each node once."""
+    seen, todo, names = set(), [tensor.grad_fn], []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        todo.extend(fn for fn, _ in node.next_functions)
+    return names

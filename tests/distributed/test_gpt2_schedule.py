@@ -16,6 +16,7 @@ import copy
 import pytest
 import torch
 from distributed import run_ranks
+from sched_helpers import assert_equal_training
 
 import slapo
 from slapo.model_schedule import apply_schedule
@@ -152,16 +153,6 @@ def results():
     return run_ranks(_all_cases)
 
 
-def _assert_equal_training(reports, what):
-    assert len(reports) == STEPS
-    for step, report in enumerate(reports):
-        assert report.loss_error <= TOL, f"{what} step {step}: loss {report.loss_scheduled} " \
-                                         f"vs {report.loss_plain}"
-        assert report.output_error <= TOL, f"{what} step {step}: output {report.output_error}"
-        name, err = report.max_grad_error
-        assert err <= TOL, f"{what} step {step}: gradient of '{name}' off by {err:.2e}"
-
-
 @pytest.mark.parametrize("case", ["default", "no_kernels", "gathered_logits"])
 def test_gpt2_tp2_equals_plain(results, case):
     for rank_results in results:
@@ -171,14 +162,14 @@ def test_gpt2_tp2_equals_plain(results, case):
         assert facts["vocab"] == (VOCAB if case == "gathered_logits" else VOCAB // 2)
         assert facts["mlp_in"] == ("Conv1D" if case == "no_kernels" else "Conv1DGeLU")
         assert facts["checkpointed"] == ([True, False] if case == "no_kernels" else [False] * 2)
-        _assert_equal_training(reports, case)
+        assert_equal_training(reports, case)
     print(f"gpt2 {case} TP=2 worst gradient error per step:",
           [f"{r.max_grad_error[0]}={r.max_grad_error[1]:.1e}" for r in results[0][case][1]])
 
 
 def test_flash_attention_sharded_as_upstream_equals_plain(results):
     for rank_results in results:
-        _assert_equal_training(rank_results["flash_attention"], "FlashAttention")
+        assert_equal_training(rank_results["flash_attention"], "FlashAttention")
 
 
 def test_gpt2_attention_probability_dropout_draws_per_rank(results):

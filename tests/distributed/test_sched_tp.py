@@ -20,6 +20,7 @@ from distributed import run_ranks
 from sched_helpers import (
     TINY,
     assert_equal_training,
+    backward_node_names,
     loss_and_logits,
     padded_batches,
     side_by_side,
@@ -42,18 +43,6 @@ OVERLAPS = {"bert": 4, "roberta": 4, "gpt_neo": 4, "opt": 4, "llama": 4, "t5": 1
             "wideresnet": 0}
 
 
-def _backward_node_names(loss) -> list[str]:
-    seen, todo, names = set(), [loss.grad_fn], []
-    while todo:
-        fn = todo.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        names.append(type(fn).__name__)
-        todo += [next_fn for next_fn, _ in fn.next_functions]
-    return names
-
-
 def _facts(family, plain, scheduled):
     """What the schedule did, checked beside the numbers (so equality is not vacuous)."""
     sharded = sorted(n for n, p in scheduled.named_parameters() if shard_spec(p) is not None)
@@ -70,7 +59,7 @@ def _facts(family, plain, scheduled):
     # the backward all-reduces that overlap column-parallel weight gradients (sync's overlap;
     # last: this forward changes BatchNorm statistics)
     loss, _ = loss_and_logits(scheduled, padded_batches(plain.config, steps=1)[0])
-    facts["overlaps"] = _backward_node_names(loss).count("_OverlapBackward")
+    facts["overlaps"] = backward_node_names(loss).count("_OverlapBackward")
     return facts
 
 

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 from distributed import run_ranks
+from sched_helpers import backward_node_names
 from torch import nn
 
 import slapo
@@ -63,18 +64,6 @@ def _loss(model, batch):
     return out.pow(2).mean(), out
 
 
-def _nodes(tensor) -> set[str]:
-    seen, todo, names = set(), [tensor.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.add(type(node).__name__)
-        todo.extend(fn for fn, _ in node.next_functions)
-    return names
-
-
 def _run(checkpoint: bool):
     torch.manual_seed(0)
     plain = Net()
@@ -84,7 +73,7 @@ def _run(checkpoint: bool):
     batches = [{"x": torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(s))}
                for s in range(3)]
     reports = train_side_by_side(plain, scheduled, batches, _loss)
-    return reports, _nodes(scheduled(batches[0]["x"]).sum())
+    return reports, set(backward_node_names(scheduled(batches[0]["x"]).sum()))
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 from distributed import run_ranks
-from sched_helpers import loss_and_logits
+from sched_helpers import assert_equal_training, loss_and_logits
 from tiny_modules import (
     AttentionBlock,
     MLPBlock,
@@ -83,20 +83,10 @@ def blocks():
     return run_ranks(_mlp_and_attention)
 
 
-def _assert_equal_training(reports, what):
-    assert len(reports) == STEPS
-    for step, report in enumerate(reports):
-        assert report.loss_error <= TOL, f"{what} step {step}: loss {report.loss_scheduled} " \
-                                         f"vs {report.loss_plain}"
-        assert report.output_error <= TOL, f"{what} step {step}: output error {report.output_error}"
-        name, err = report.max_grad_error
-        assert err <= TOL, f"{what} step {step}: gradient of '{name}' off by {err:.2e}"
-
-
 @pytest.mark.parametrize("case", ["mlp", "attention"])
 def test_block_equals_plain(blocks, case):
     for rank_reports in blocks:
-        _assert_equal_training(rank_reports[case], case)
+        assert_equal_training(rank_reports[case], case)
 
 
 def test_missing_bwd_sync_is_caught_by_gradients_not_loss(blocks):
@@ -112,6 +102,6 @@ def test_small_bert_tp2_equals_plain():
     results = run_ranks(_bert)
     for facts, reports in results:
         assert facts == {"tied": True, "local_vocab": 256, "local_qkv": 64}
-        _assert_equal_training(reports, "bert")
+        assert_equal_training(reports, "bert")
         print("bert TP=2 worst gradient error per step:",
               [f"{r.max_grad_error[0]}={r.max_grad_error[1]:.1e}" for r in reports])

@@ -7,6 +7,7 @@ attention core is visible as ops); hidden size 32, 4 heads.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 H, HEADS, FFN, VOCAB = 32, 4, 64, 128
 
@@ -193,3 +194,14 @@ def pipeline_schedule(model, cuts=("bert.encoder.layer.1",)):
     for path in cuts:
         sch[path].cut_pipeline_stage()
     return sch
+
+
+class Together(nn.Module):
+    """q, k and v in one call: what a fused QKV kernel would compute (horizontal fusion)."""
+
+    def __init__(self, q, k, v):
+        super().__init__()
+        self.q, self.k, self.v = q, k, v
+
+    def forward(self, x):
+        return self.q(x), self.k(x), self.v(x)

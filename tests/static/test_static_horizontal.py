@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 import torch.fx as fx
+from static_models import Together
 from torch import nn
 
 import slapo
@@ -23,17 +24,6 @@ class QKV(nn.Module):
     def forward(self, x):
         q, k, v = self.q(x), self.k(x), self.v(x)
         return self.out(torch.softmax(q * k, dim=-1) * v)
-
-
-class Together(nn.Module):
-    """The three projections in one call (what a fused QKV kernel would compute)."""
-
-    def __init__(self, q, k, v):
-        super().__init__()
-        self.q, self.k, self.v = q, k, v
-
-    def forward(self, x):
-        return self.q(x), self.k(x), self.v(x)
 
 
 def _calls(sch):

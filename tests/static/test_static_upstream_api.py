@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
-from static_models import additive_mask, bert_config, hidden
+from static_models import Together, additive_mask, bert_config, hidden
 from torch import nn
 
 import slapo
@@ -47,17 +47,6 @@ class Outer(nn.Module):
 
     def forward(self, x):
         return self.norm(self.block(x))
-
-
-class Together(nn.Module):
-    """q, k and v in one call: what a fused QKV would compute."""
-
-    def __init__(self, q, k, v):
-        super().__init__()
-        self.q, self.k, self.v = q, k, v
-
-    def forward(self, x):
-        return self.q(x), self.k(x), self.v(x)
 
 
 def _copies(cls=Outer):
