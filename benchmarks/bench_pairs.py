@@ -33,7 +33,7 @@ CPU_PROFILE = yaml.safe_load((ROOT / "configs" / "config.yaml").read_text())["pr
 
 def pairs(kinds, models) -> list[tuple]:
     from slapo_ae.cfg import parse_cfg
-    from slapo_ae.harness.systems.megatron import SUPPORTED
+    from slapo_ae.harness.systems.support import MEGATRON_FAMILIES
     from slapo_ae.zoo.configs import model_family
 
     found = []
@@ -42,7 +42,7 @@ def pairs(kinds, models) -> list[tuple]:
         ours = cases.get((ENGINES.get(mode), model, gpus))
         if mode not in kinds or model not in models or ours is None:
             continue
-        if mode == "megatron" and model_family(model) not in SUPPORTED:
+        if mode == "megatron" and model_family(model) not in MEGATRON_FAMILIES:
             continue  # unsupported, as in the paper: nothing to compare
         found.append((case, ours))
     if "ablation" in kinds:

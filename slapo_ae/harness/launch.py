@@ -211,7 +211,7 @@ def launch(spec: RunSpec) -> Record | None:
 def run(spec: RunSpec) -> Record | None:
     """Check ``spec`` against its system, then launch it; returns the written record (None on
     a node of several that did not host rank 0: :func:`launch`)."""
-    from slapo_ae.harness.systems import Unsupported, get_system
+    from slapo_ae.harness.systems import Unsupported, check
 
     spec.run_id = spec.run_id or uuid.uuid4().hex
     reason = None
@@ -228,7 +228,7 @@ def run(spec: RunSpec) -> Record | None:
                       f"({rule})")
     if reason is None:
         try:
-            get_system(spec.case.mode).check(spec)
+            check(spec)
         except Unsupported as err:
             reason = str(err)
     if reason is not None:

@@ -247,7 +247,8 @@ def run(spec: RunSpec) -> int:
         import torch.distributed as dist
 
         from slapo_ae.harness import metrics, threads
-        from slapo_ae.harness.systems import DistContext, Unsupported, get_system
+        from slapo_ae.harness.systems import Unsupported, check, get_system
+        from slapo_ae.harness.systems.base import DistContext
         from slapo_ae.record import write_record
 
         threads.apply_in_rank(spec.thread_budget())  # before any torch work
@@ -266,9 +267,8 @@ def run(spec: RunSpec) -> int:
                                     timeout=timeout)
             timeline["dist_ready"] = time.time()
             ctx = DistContext(rank, world, local, device)
-            system_cls = get_system(spec.case.mode)
-            system_cls.check(spec)
-            system = system_cls(spec, ctx)
+            check(spec)
+            system = get_system(spec.case.mode)(spec, ctx)
             system.micro_batch()  # the batch split is known before any work
             fault = injected_fault(rank, "setup")
             if fault:

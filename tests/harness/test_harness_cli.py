@@ -95,7 +95,8 @@ def test_the_data_parallel_modes_are_the_systems_that_split_the_batch():
     import torch
 
     from slapo_ae.case import DATA_PARALLEL_MODES, MODES
-    from slapo_ae.harness.systems import DistContext, Unsupported, get_system
+    from slapo_ae.harness.systems import Unsupported, get_system
+    from slapo_ae.harness.systems.base import DistContext
 
     ctx = DistContext(0, 2, 0, torch.device("cpu"))
     for mode in set(MODES) - {"torchscript"}:
@@ -152,7 +153,8 @@ def test_family_without_schedule_is_unsupported(monkeypatch):
     import torch
 
     import slapo.model_schedule as model_schedule
-    from slapo_ae.harness.systems import DistContext, Unsupported
+    from slapo_ae.harness.systems import Unsupported
+    from slapo_ae.harness.systems.base import DistContext
     from slapo_ae.harness.systems.slapo_tp import scheduled_model
 
     monkeypatch.setattr(model_schedule, "FAMILIES", ())

@@ -11,7 +11,8 @@ from slapo_ae import sources
 
 LIGHT = ["slapo_ae.case", "slapo_ae.cfg", "slapo_ae.record", "slapo_ae.atomic", "slapo_ae.gpus",
          "slapo_ae.sources", "slapo_ae.zoo", "slapo_ae.zoo.configs", "slapo_ae.harness.cli",
-         "slapo_ae.harness.runner", "slapo_ae.analysis.aggregate", "slapo_ae.analysis.plots",
+         "slapo_ae.harness.runner", "slapo_ae.harness.launch", "slapo_ae.harness.systems",
+         "slapo_ae.analysis.aggregate", "slapo_ae.analysis.plots",
          "slapo_ae.analysis.claims", "slapo_ae.analysis.gaps", "slapo_ae.analysis.table4",
          "slapo_ae.analysis.kick", "slapo_ae.analysis.gpu_check"]
 
@@ -34,6 +35,25 @@ def test_the_schedule_language_loads_no_artifact_and_no_framework():
 def test_planning_and_analysis_load_no_torch():
     tops = {name.split(".")[0] for name in loaded_after(LIGHT)}
     assert not tops & {"torch", "slapo", "transformers", "deepspeed", "megatron"}
+
+
+def test_the_harness_parent_decides_an_unsupported_case_without_torch(tmp_path):
+    """The parent checks a case before it launches ranks (systems/support.py); importing
+    torch for that cost about 2 s a case. An unsupported case is recorded, and still no torch."""
+    out = tmp_path / "r.json"
+    code = (
+        "import sys\n"
+        "from slapo_ae.case import Case\n"
+        "from slapo_ae.harness import launch\n"
+        "from slapo_ae.harness.runspec import RunSpec\n"
+        "case = Case(mode='megatron', model='opt-tiny', gpus=1, seq_len=16, dec_seq_len=0,\n"
+        "            batch_size=4, batch_expr='4', ckpt=None, steps=3, warmup=1)\n"
+        f"record = launch.run(RunSpec(case=case, out={str(out)!r}))\n"
+        "print(record.status, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["unsupported", "False"]
+    assert "Megatron-LM has no OPT model" in json.loads(out.read_text())["reason"]
 
 
 @pytest.mark.parametrize("step", sorted(sources.ANALYSIS_STEPS))

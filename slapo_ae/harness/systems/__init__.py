@@ -12,16 +12,17 @@
 | slapo-kernel      | slapo_tp.py        | + Kernel Opt (no TP)                                |
 | slapo-tp-attn-ffn | slapo_tp.py        | + Attn/FFN TP (embedding whole)                     |
 | slapo-tp-full     | slapo_tp.py        | + Embedding TP                                      |
-| torchscript       | (here)             | always ``unsupported``                              |
+| torchscript       | (none)             | always ``unsupported`` (``support.check``)          |
 
-The protocol is in :mod:`.base`. Modules are imported lazily: choosing ``eager`` never
-imports DeepSpeed or megatron-core.
+The protocol is in :mod:`.base`; which cases a system can run is decided by
+:func:`.support.check`, without importing torch. Modules are imported lazily: choosing
+``eager`` never imports DeepSpeed or megatron-core.
 """
 from __future__ import annotations
 
 import importlib
 
-from .base import DistContext, System, Unsupported
+from .support import Unsupported, check
 
 _MODULES = {
     "megatron": ("megatron", "MegatronSystem"),
@@ -37,20 +38,9 @@ _MODULES = {
 }
 
 
-class TorchScriptSystem(System):
-    mode = "torchscript"
-    description = "the original benchmark's TorchScript mode"
-
-    @classmethod
-    def check(cls, spec) -> None:
-        raise Unsupported("torchscript mode is not implemented by this harness (the original "
-                          "benchmark's TorchScript path does not apply to current PyTorch)")
-
-
-def get_system(mode: str) -> type[System]:
-    """The system class of ``mode``; ``KeyError`` for an unknown mode."""
-    if mode == "torchscript":
-        return TorchScriptSystem
+def get_system(mode: str):
+    """The system class of ``mode`` (a :class:`.base.System`); ``KeyError`` for an unknown mode
+    and for ``torchscript``, which :func:`check` refuses."""
     if mode not in _MODULES:
         known = ", ".join(list(_MODULES) + ["torchscript"])
         raise KeyError(f"unknown mode {mode!r}; known: {known}")
@@ -62,4 +52,4 @@ def modes() -> list[str]:
     return list(_MODULES) + ["torchscript"]
 
 
-__all__ = ["DistContext", "System", "Unsupported", "get_system", "modes"]
+__all__ = ["Unsupported", "check", "get_system", "modes"]

@@ -3,8 +3,9 @@
 A system turns a :class:`~slapo_ae.harness.runspec.RunSpec` into a model and an optimizer on this
 rank and trains it one step at a time:
 
+    support.check(spec)                  # cheap, no torch: raises Unsupported (.support;
+                                         # the parent calls it before launching, too)
     system = SYSTEM_CLASS(spec, ctx)     # ctx: this rank's place (DistContext)
-    SYSTEM_CLASS.check(spec)             # cheap: raises Unsupported (parent and ranks call it)
     system.setup()                       # build model + optimizer (may raise Unsupported)
     loss = system.train_step(batch)      # batch: this rank's slice of the global batch
     system.params_on_rank()
@@ -27,9 +28,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-
-class Unsupported(Exception):
-    """This case cannot run under this system (the record's status becomes ``unsupported``)."""
+from .support import Unsupported
 
 
 @dataclasses.dataclass
@@ -45,13 +44,6 @@ class DistContext:
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def check_common(spec) -> None:
-    """Checks every system shares: 16-bit precision is a GPU setting here."""
-    if spec.case.device == "cpu" and spec.case.dtype != "fp32":
-        raise Unsupported(f"{spec.case.dtype} on CPU: CPU runs train in fp32 only "
-                          "(mixed precision is a GPU setting in this harness)")
-
-
 class System:
     """Base class of the systems; see the module docstring for the protocol."""
 
@@ -63,12 +55,6 @@ class System:
         self.ctx = ctx
         self.notes: list[str] = []  # facts a reader of the record should know
         self.model = None
-
-    # -- before anything runs ----------------------------------------------------------
-    @classmethod
-    def check(cls, spec) -> None:
-        """Raise :class:`Unsupported` if this system cannot run ``spec`` (no torch work)."""
-        check_common(spec)
 
     # -- how the global batch is split --------------------------------------------------
     @property

@@ -18,13 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import NativeTrainer, Unsupported, build_hf_model, checkpoint_every_layer
-
-# Families whose transformers 5.x classes have no SDPA attention, and why.
-NO_HF_SDPA = {
-    "gpt_neo": "transformers has no SDPA attention for GPT-Neo (eager or flash-attention only)",
-    "wideresnet": "WideResNet has no attention (and is not a transformers model)",
-}
+from .base import NativeTrainer, build_hf_model, checkpoint_every_layer
+from .support import NO_HF_SDPA
 
 
 def wrap_data_parallel(model, ctx):
@@ -68,15 +63,6 @@ class HFSdpaSystem(EagerSystem):
 
     def attn_implementation(self) -> str:
         return "sdpa"
-
-    @classmethod
-    def check(cls, spec) -> None:
-        super().check(spec)
-        from slapo_ae.zoo import model_family
-
-        reason = NO_HF_SDPA.get(model_family(spec.case.model))
-        if reason:
-            raise Unsupported(reason)
 
 
 class HFCompileSystem(EagerSystem):

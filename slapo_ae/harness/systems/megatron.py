@@ -26,14 +26,10 @@ On CPU the :mod:`.megatron_cpu` adapter is installed.
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import torch
 
-from .base import TensorParallelTrainer, Unsupported
-
-SUPPORTED = ("bert", "gpt_neo", "llama", "t5")
-PAPER_NAMES = {"roberta": "RoBERTa", "opt": "OPT", "wideresnet": "WideResNet"}
+from .base import TensorParallelTrainer
 
 
 def _family(spec) -> str:
@@ -45,19 +41,6 @@ def _family(spec) -> str:
 class MegatronSystem(TensorParallelTrainer):
     mode = "megatron"
     description = "megatron-core's own model, tensor parallelism = ranks"
-
-    @classmethod
-    def check(cls, spec) -> None:
-        super().check(spec)
-        family = _family(spec)
-        if family not in SUPPORTED:
-            name = PAPER_NAMES.get(family, family)
-            raise Unsupported(f"Megatron-LM has no {name} model (the paper's Figure 7 marks it "
-                              f"'-'); megatron-core models here: BERT, GPT (GPT-Neo, LLaMA), T5")
-        if importlib.util.find_spec("megatron.core") is None:
-            raise Unsupported("megatron-core is not installed")
-        if spec.case.ckpt not in (None, "full", "selective"):
-            raise Unsupported(f"megatron takes CKPT full, selective or 0, not {spec.case.ckpt!r}")
 
     # -- building ------------------------------------------------------------------------
     def setup(self) -> None:
