@@ -9,7 +9,7 @@ package that owns the files (the planner only asks).
   and nothing else.
 - An analysis step (CSV, figure, Table 4, claims) runs its module of ``slapo_ae/analysis`` and
   the modules that one imports (:data:`ANALYSIS_STEPS`, checked against the imports by
-  ``tests/unit/test_layout.py``); ``gaps`` also reruns cases under the profiler, so the case
+  ``tests/unit/test_layout.py``); ``gaps`` and ``recheck`` also run cases again, so the case
   code too. Editing ``plots.py`` redraws the figures and reruns nothing else.
 
 Paths are relative to the checkout's root, sorted, and light to compute (no imports of
@@ -34,9 +34,12 @@ ANALYSIS_STEPS = {
     "plots": ("analysis/plots", "analysis/aggregate", "atomic", "paths", "zoo/configs"),
     "table4": ("analysis/table4", "analysis/loc", "paths", "sources", "zoo/configs"),
     "claims": ("analysis/claims", "analysis/aggregate", "atomic", "paths", "zoo/configs"),
-    "gaps": ("analysis/gaps", "analysis/claims", "analysis/aggregate", "atomic", "paths",
-             "zoo/configs"),
+    "gaps": ("analysis/gaps", "analysis/claims", "analysis/aggregate", "analysis/rerun",
+             "atomic", "paths", "zoo/configs"),
+    "recheck": ("analysis/recheck", "analysis/gaps", "analysis/claims", "analysis/aggregate",
+                "analysis/rerun", "atomic", "paths", "zoo/configs"),
 }
+RERUNS_CASES = ("gaps", "recheck")  # analysis steps that run cases: the case code is input
 
 
 def _py_files(root: Path, folder: str) -> list[str]:
@@ -93,8 +96,8 @@ def case_sources(case, root: Path | str = paths.ROOT, code: list[str] | None = N
 
 def analysis_sources(step: str, root: Path | str = paths.ROOT) -> list[str]:
     """Files whose change reruns the analysis ``step`` (a key of :data:`ANALYSIS_STEPS`);
-    for ``gaps`` the case code as well, since it reruns cases under the profiler."""
+    for the steps that run cases again (:data:`RERUNS_CASES`) the case code as well."""
     files = [f"slapo_ae/{name}.py" for name in ANALYSIS_STEPS[step]]
-    if step == "gaps":
+    if step in RERUNS_CASES:
         files += [f for f in case_code(root) if f not in files]
     return files

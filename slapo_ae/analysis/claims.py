@@ -23,6 +23,11 @@ a speedup threshold ``t``: PASS needs ``q1(a) / q3(b) >= t``, FAIL needs ``q3(a)
 Anything in between is INCONCLUSIVE, reported with both medians and ranges: the gap is within
 the noise of the steps measured. Records without a spread count as a point (q1 = q3 = median).
 
+**Back to back** (:mod:`slapo_ae.analysis.recheck`): a comparison the noise rule decides by a
+margin smaller than the machine's drift between runs was measured again, both cases one after
+the other; its verdict stands only if that pair gives the same verdict, else it is
+INCONCLUSIVE ("not reproduced back to back").
+
 A claim's verdict is FAIL if any point fails, else INCONCLUSIVE if any point is, else PASS if
 any point passes, else NOT-RUN (C2: PASS if any point passes, since it claims "up to").
 
@@ -53,6 +58,11 @@ NOISE_RULE = ("A throughput comparison is decided only when the interquartile ra
               "t: PASS needs q1(Slapo) / q3(baseline) >= t, FAIL needs q3(Slapo) / q1(baseline) "
               "< t); otherwise the point is INCONCLUSIVE: the gap lies within the noise of the "
               "timed steps")
+BACK_TO_BACK_RULE = ("A decided comparison whose margin (q1 of the faster over q3 of the "
+                     "slower) is below the machine's drift between runs ({below}x) was run "
+                     "again, both cases back to back; it stays decided only if that pair gives "
+                     "the same verdict by the same rule, else it is INCONCLUSIVE (not "
+                     "reproduced back to back)")
 PAPER_C2 = {"single_node": 2.92, "multi_node": 1.41}
 DEFAULTS = {"c2_min_speedup": 1.0, "c3_max_ratio": 1.5}
 TITLES = {
@@ -98,6 +108,41 @@ def compare(a, b, threshold: float = 1.0) -> str:
     if a3 / b1 < threshold:
         return FAIL
     return INCONCLUSIVE
+
+
+def margin(a, b, decided: str) -> float | None:
+    """How far a decided comparison of ``a`` with ``b`` stands out of the noise:
+    ``q1(a) / q3(b)`` for a PASS, ``q1(b) / q3(a)`` for a FAIL (at least 1 when the threshold
+    is 1); None for an undecided one."""
+    (a1, a3), (b1, b3) = _quartiles(a), _quartiles(b)
+    if decided == PASS:
+        return a1 / b3
+    if decided == FAIL:
+        return b1 / a3
+    return None
+
+
+def pair_key(a, b) -> str:
+    """The key of the comparison of rows ``a`` and ``b`` (their case ids) in recheck.json."""
+    return " vs ".join(sorted([str(a.get("case_id")), str(b.get("case_id"))]))
+
+
+def after_recheck(decided: str, a, b, rechecks: dict | None,
+                  threshold: float = 1.0) -> tuple[str, str]:
+    """The verdict of ``a`` against ``b`` once the back-to-back re-measurement is taken in
+    (``rechecks``: recheck.json's ``comparisons`` by :func:`pair_key`), and a note on it
+    ("" when the comparison was not measured again)."""
+    entry = (rechecks or {}).get(pair_key(a, b))
+    if entry is None or decided in (INCONCLUSIVE, NOT_RUN):
+        return decided, ""
+    again_a, again_b = (entry["rerun"].get(str(r.get("case_id"))) for r in (a, b))
+    if not again_a or not again_b or ok_rate(again_a) is None or ok_rate(again_b) is None:
+        return INCONCLUSIVE, "measured again back to back, which did not run ok"
+    again = compare(again_a, again_b, threshold)
+    pair = f"{_range(again_a)} against {_range(again_b)}"
+    if again == decided:
+        return decided, f"; confirmed back to back: {pair}"
+    return INCONCLUSIVE, f"; not reproduced back to back: {pair}"
 
 
 def _range(row) -> str:
@@ -156,7 +201,7 @@ def _statuses(rows) -> dict:
     return {r["mode"]: r["status"] for r in rows}
 
 
-def check_c1(e2e) -> dict:
+def check_c1(e2e, rechecks: dict | None = None) -> dict:
     points = []
     for (model, gpus), rows in sorted(_groups(table_rows(e2e)).items()):
         by_mode = {r["mode"]: r for r in rows}
@@ -168,6 +213,7 @@ def check_c1(e2e) -> dict:
         slapo_ran = [m for m in SLAPO_SYSTEMS if m in ran]
         base_ran = [m for m in BASELINES if m in ran]
         slapo_rows = [m for m in SLAPO_SYSTEMS if m in statuses]
+        compared = []
         if not ran:
             v, why = NOT_RUN, "no system ran ok"
         elif slapo_ran and not base_ran:
@@ -175,23 +221,27 @@ def check_c1(e2e) -> dict:
         elif slapo_ran:
             slapo = by_mode[max(slapo_ran, key=ran.get)]
             base = by_mode[max(base_ran, key=ran.get)]
-            v = compare(slapo, base)
+            compared = [slapo["case_id"], base["case_id"]]
+            single = compare(slapo, base)
+            v, again = after_recheck(single, slapo, base, rechecks)
             relation = {PASS: "faster than", FAIL: "slower than",
-                        INCONCLUSIVE: "within the noise of"}[v]
+                        INCONCLUSIVE: "within the noise of"}[single]
             why = (f"{SYSTEM_LABELS[slapo['mode']]} {_range(slapo)} {relation} "
-                   f"{SYSTEM_LABELS[base['mode']]} {_range(base)}")
+                   f"{SYSTEM_LABELS[base['mode']]} {_range(base)}{again}")
         elif slapo_rows and all(statuses[m] == "oom" for m in slapo_rows):
             v, why = FAIL, "every Slapo system ran out of memory while a baseline ran"
         else:
             v, why = NOT_RUN, "no Slapo system ran ok"
         points.append({"model": model, "gpus": gpus, "verdict": v, "why": why,
-                       "samples_per_s": numbers, "hardware": hardware(rows)})
+                       "samples_per_s": numbers, "hardware": hardware(rows),
+                       "compared": compared})
     return {"id": "C1", "title": TITLES["C1"], "verdict": verdict(points),
             "criterion": "the best Slapo system faster than the best baseline (noise rule)",
             "counts": counts(points), "points": points}
 
 
-def check_c2(e2e, min_speedup: float = DEFAULTS["c2_min_speedup"]) -> dict:
+def check_c2(e2e, min_speedup: float = DEFAULTS["c2_min_speedup"],
+             rechecks: dict | None = None) -> dict:
     points = []
     for (model, gpus), rows in sorted(_groups(table_rows(e2e)).items()):
         by_mode = {r["mode"]: r for r in rows}
@@ -212,10 +262,11 @@ def check_c2(e2e, min_speedup: float = DEFAULTS["c2_min_speedup"]) -> dict:
             point["speedup"] = max(slapo.values()) / max(base.values())
             (a1, a3), (b1, b3) = _quartiles(a), _quartiles(b)
             point["speedup_range"] = [a1 / b3, a3 / b1]
-            point["verdict"] = compare(a, b, min_speedup)
+            single = compare(a, b, min_speedup)
+            point["verdict"], again = after_recheck(single, a, b, rechecks, min_speedup)
             relation = {PASS: ">=", FAIL: "<", INCONCLUSIVE: "within the noise of"}
             point["why"] = (f"{point['speedup']:.2f}x [{a1 / b3:.2f}-{a3 / b1:.2f}] "
-                            f"{relation[point['verdict']]} {min_speedup}x")
+                            f"{relation[single]} {min_speedup}x{again}")
         else:
             point["verdict"] = NOT_RUN
             point["why"] = ("no Slapo system ran ok" if not slapo else
@@ -260,7 +311,7 @@ def check_c3(loc, max_ratio: float = DEFAULTS["c3_max_ratio"]) -> dict:
             "counts": counts(points), "points": points}
 
 
-def check_c4(ablation) -> dict:
+def check_c4(ablation, rechecks: dict | None = None) -> dict:
     rows = {r["mode"]: r for r in table_rows(ablation) if r.get("mode") in ABLATION_STEPS}
     points = []
     for prev, cur in zip(ABLATION_STEPS, ABLATION_STEPS[1:]):
@@ -278,10 +329,12 @@ def check_c4(ablation) -> dict:
                 NOT_RUN, "a step did not run ok (or is not in the profile)")
         else:
             point["ratio"] = rb / ra
-            point["verdict"] = compare(b, a)
+            point["compared"] = [b.get("case_id"), a.get("case_id")]
+            single = compare(b, a)
+            point["verdict"], again = after_recheck(single, b, a, rechecks)
             relation = {PASS: ">", FAIL: "<", INCONCLUSIVE: "within the noise of"}
-            point["why"] = (f"{_range(b)} {relation[point['verdict']]} {_range(a)} samples/s "
-                            f"({rb / ra:.2f}x)")
+            point["why"] = (f"{_range(b)} {relation[single]} {_range(a)} samples/s "
+                            f"({rb / ra:.2f}x){again}")
         points.append(point)
     return {"id": "C4", "title": TITLES["C4"], "verdict": verdict(points),
             "criterion": "each step faster than the previous one (noise rule)",
@@ -308,21 +361,27 @@ def setting_note(frames) -> str:
     return note
 
 
-def check_all(e2e, ablation, loc, options: dict | None = None, gaps: dict | None = None) -> dict:
-    """Every claim; ``gaps``: :mod:`slapo_ae.analysis.gaps`' result, reported beside the claims."""
+def check_all(e2e, ablation, loc, options: dict | None = None, gaps: dict | None = None,
+              recheck: dict | None = None) -> dict:
+    """Every claim; ``gaps``: :mod:`slapo_ae.analysis.gaps`' result, reported beside the
+    claims; ``recheck``: :mod:`slapo_ae.analysis.recheck`'s, the comparisons measured again
+    back to back."""
     opts = {**DEFAULTS, **(options or {})}
     profiles = sorted({str(p) for df in (e2e, ablation) for p in
                        (df["profile"].dropna().unique() if df is not None and not df.empty
                         else [])})
     rows = [r for df in (e2e, ablation) for r in table_rows(df)]
+    rechecks = (recheck or {}).get("comparisons")
     return {
         "generated_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "profile": ", ".join(profiles) or None,
         "setting": setting_note([e2e, ablation]),
         "hardware": hardware(rows),
         "options": opts,
-        "claims": [check_c1(e2e), check_c2(e2e, opts["c2_min_speedup"]),
-                   check_c3(loc, opts["c3_max_ratio"]), check_c4(ablation)],
+        "recheck": {key: value for key, value in (recheck or {}).items()
+                    if key != "comparisons"} or None,
+        "claims": [check_c1(e2e, rechecks), check_c2(e2e, opts["c2_min_speedup"], rechecks),
+                   check_c3(loc, opts["c3_max_ratio"]), check_c4(ablation, rechecks)],
         "engines": gaps,
     }
 
@@ -366,8 +425,13 @@ def to_markdown(result: dict) -> str:
     lines += [f"Profile: {result['profile'] or '-'}. Generated {result['generated_at']}.", "",
               f"**Setting.** {result['setting']}", "",
               f"Hardware: {result['hardware']}.", "",
-              f"**Noise rule.** {NOISE_RULE}. Medians are followed by [q1-q3].", "",
-              "| claim | verdict | points (PASS / FAIL / INCONCLUSIVE / NOT-RUN) | |",
+              f"**Noise rule.** {NOISE_RULE}. Medians are followed by [q1-q3].", ""]
+    again = result.get("recheck")
+    if again:
+        lines += [f"**Back to back.** {BACK_TO_BACK_RULE.format(below=again['below'])}: "
+                  f"{again['measured']} comparison(s) measured again here, with "
+                  f"{again['steps']} steps ({again['warmup']} warm-up) each.", ""]
+    lines += ["| claim | verdict | points (PASS / FAIL / INCONCLUSIVE / NOT-RUN) | |",
               "|---|---|---|---|"]
     for c in result["claims"]:
         n = c["counts"]
@@ -399,6 +463,7 @@ def to_markdown(result: dict) -> str:
 
 ENGINE_COLUMNS = [("point", "what", False), ("model", "model", False), ("GPUs", "gpus", True),
                   ("ratio", "ratio", True), ("Slapo is", "relation", False),
+                  ("back to back", "back_to_back", False),
                   ("cause (where Slapo is behind)", "cause", False)]
 
 
@@ -409,12 +474,14 @@ def _engines_section(gaps: dict | None) -> list[str]:
     lines = ["", "## Slapo beside its own engine", "",
              "Not a claim of the paper: a Slapo system is its baseline's engine plus a schedule "
              "(Slapo-TP: a Megatron-style loop; Slapo-ZeRO3: DeepSpeed), and each ablation step "
-             "adds to the one before, so none should be slower. Judged with the noise rule; "
-             "where Slapo is behind, both cases were profiled again (torch.profiler, self CPU "
-             "time of rank 0) and the cause is where their time differs.", ""]
+             "adds to the one before, so none should be slower. Judged with the noise rule and, "
+             "for close calls, back to back; where Slapo is still behind, both cases were "
+             "profiled again (torch.profiler, self CPU time of rank 0) and the cause is where "
+             "their time differs.", ""]
     if not gaps or not gaps.get("points"):
         return lines + ["No point where both sides ran ok."]
-    points = [{**p, "cause": p.get("cause", "")} for p in gaps["points"]]
+    points = [{**p, "cause": p.get("cause", ""), "back_to_back": p.get("back_to_back", "")}
+              for p in gaps["points"]]
     return lines + _table(ENGINE_COLUMNS, points)
 
 
@@ -440,12 +507,14 @@ def main(argv=None) -> int:
     parser.add_argument("--c2-min-speedup", type=float, default=DEFAULTS["c2_min_speedup"])
     parser.add_argument("--c3-max-ratio", type=float, default=DEFAULTS["c3_max_ratio"])
     parser.add_argument("--gaps", help="slapo_ae.analysis.gaps' JSON: Slapo beside its own engine")
+    parser.add_argument("--recheck", help="slapo_ae.analysis.recheck's JSON: comparisons "
+                                          "measured again back to back")
     args = parser.parse_args(argv)
-    gaps = (json.loads(Path(args.gaps).read_text())
-            if args.gaps and Path(args.gaps).is_file() else None)
+    gaps, recheck = (json.loads(Path(path).read_text()) if path and Path(path).is_file()
+                     else None for path in (args.gaps, args.recheck))
     result = check_all(read_table(args.e2e), read_table(args.ablation), read_table(args.loc),
                        {"c2_min_speedup": args.c2_min_speedup, "c3_max_ratio": args.c3_max_ratio},
-                       gaps)
+                       gaps, recheck)
     from slapo_ae.atomic import write_text
 
     write_text(args.json, json.dumps(result, indent=2, default=str) + "\n")

@@ -8,7 +8,9 @@ A Slapo system is its baseline's engine plus a schedule, so it should never be s
 - each Figure 9 step >= the step before it.
 
 Each such point is judged with the claims' noise rule (:func:`slapo_ae.analysis.claims.compare`):
-``ahead`` (PASS), ``behind`` (FAIL) or ``within the noise`` (INCONCLUSIVE). For every point
+``ahead`` (PASS), ``behind`` (FAIL) or ``within the noise`` (INCONCLUSIVE), and, where it was
+measured again back to back (``--recheck``, :mod:`slapo_ae.analysis.recheck`), it stays
+decided only if that pair agrees. For every point
 behind (at most ``--max-profiles``, the largest gaps first) both cases run again for a few
 steps under torch.profiler (``slapo-bench run --profile``), and rank 0's per-step self CPU
 time is compared: in all, in collectives (and their waits), and per operator, the operators
@@ -21,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,20 +31,20 @@ from slapo_ae.analysis.claims import (
     FAIL,
     INCONCLUSIVE,
     PASS,
+    after_recheck,
     compare,
     ok_rate,
     read_table,
     table_rows,
 )
+from slapo_ae.analysis.rerun import case_fields, run_again
 from slapo_ae.atomic import write_text
-from slapo_ae.case import Case, parse_ckpt
 from slapo_ae.harness.profiling import COLLECTIVE
-from slapo_ae.harness.runner import DEFAULT_HARNESS, harness_command, harness_env
-from slapo_ae.harness.runspec import default_timeout
-from slapo_ae.record import read_record
+from slapo_ae.harness.runner import DEFAULT_HARNESS
 
 ENGINE_PAIRS = (("megatron", "slapo-megatron"), ("deepspeed", "slapo-deepspeed"))
 RELATION = {PASS: "ahead", FAIL: "behind", INCONCLUSIVE: "within the noise"}
+NOT_REPRODUCED = "within the noise between runs"  # decided, but not so back to back
 PROFILE_STEPS, PROFILE_WARMUP = 10, 3
 MAX_PROFILES = 6
 TOP_DIFFERENCES = 6
@@ -58,8 +58,9 @@ def _label(mode: str) -> str:
     return SYSTEM_LABELS.get(mode) or ABLATION_LABELS.get(mode) or mode
 
 
-def target_points(e2e_rows, ablation_rows) -> list[dict]:
-    """Every point of the targets where both sides ran ok, with its verdict."""
+def target_points(e2e_rows, ablation_rows, rechecks: dict | None = None) -> list[dict]:
+    """Every point of the targets where both sides ran ok, with its verdict (after the
+    back-to-back re-measurement, where ``rechecks`` has one)."""
     points = []
     by_case = {(r["mode"], r["model"], int(r["gpus"])): r for r in e2e_rows}
     for engine, slapo in ENGINE_PAIRS:
@@ -67,55 +68,37 @@ def target_points(e2e_rows, ablation_rows) -> list[dict]:
             ours = by_case.get((slapo, model, gpus))
             if mode == engine and _ok(base) and _ok(ours):
                 points.append(_point(f"{_label(slapo)} vs {_label(engine)}", model, gpus,
-                                     base, ours))
+                                     base, ours, rechecks))
     steps = {r["mode"]: r for r in ablation_rows}
     for before, after in zip(ABLATION_STEPS, ABLATION_STEPS[1:]):
         if _ok(steps.get(before)) and _ok(steps.get(after)):
             a, b = steps[before], steps[after]
             points.append(_point(f"{_label(after)} vs {_label(before)}", b["model"],
-                                 int(b["gpus"]), a, b))
+                                 int(b["gpus"]), a, b, rechecks))
     return points
 
 
-def _point(what, model, gpus, base, ours) -> dict:
-    verdict = compare(ours, base)
-    return {"what": what, "model": model, "gpus": gpus, "verdict": verdict,
-            "relation": RELATION[verdict],
-            "ratio": float(ours["samples_per_s"]) / float(base["samples_per_s"]),
-            "baseline": _case(base), "slapo": _case(ours)}
-
-
-def _case(row) -> dict:
-    ckpt = row.get("ckpt")
-    if ckpt is None or (isinstance(ckpt, float) and math.isnan(ckpt)):
-        ckpt = "0"
-    return {"mode": row["mode"], "model": row["model"], "gpus": int(row["gpus"]),
-            "seq_len": int(row["seq_len"]), "dec_seq_len": int(row["dec_seq_len"]),
-            "batch_size": int(row["batch_size"]), "ckpt": str(ckpt),
-            "samples_per_s": float(row["samples_per_s"])}
+def _point(what, model, gpus, base, ours, rechecks=None) -> dict:
+    single = compare(ours, base)
+    verdict, again = after_recheck(single, ours, base, rechecks)
+    relation = RELATION[verdict] if verdict == single else NOT_REPRODUCED
+    point = {"what": what, "model": model, "gpus": gpus, "verdict": verdict,
+             "relation": relation,
+             "ratio": float(ours["samples_per_s"]) / float(base["samples_per_s"]),
+             "baseline": case_fields(base), "slapo": case_fields(ours)}
+    if again:
+        point["back_to_back"] = again.removeprefix("; ")
+    return point
 
 
 def profile_case(case: dict, out_dir: Path, device: str, dtype: str,
                  harness: str = DEFAULT_HARNESS) -> dict:
-    """Run ``case`` under the profiler through the harness CLI, with the harness's own thread
-    budget (on CPU one core per rank, as the workflow's cases); returns rank 0's operators
-    (``rank0.ops.json``)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    run = Case(mode=case["mode"], model=case["model"], gpus=case["gpus"],
-               seq_len=case["seq_len"], dec_seq_len=case["dec_seq_len"],
-               batch_size=case["batch_size"], batch_expr=str(case["batch_size"]),
-               ckpt=parse_ckpt(case["mode"], case["ckpt"]), steps=PROFILE_STEPS,
-               warmup=PROFILE_WARMUP, dtype=dtype, device=device)
-    record_path, log = out_dir / "record.json", out_dir / "run.log"
-    cmd = harness_command(harness, run, default_timeout(device, PROFILE_STEPS),
-                          str(record_path), str(log))
-    env = harness_env()
-    if device != "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    subprocess.run(cmd + ["--profile", str(out_dir), "--quiet"], stdin=subprocess.DEVNULL,
-                   capture_output=True, text=True, env=env)
-    record = read_record(record_path) if record_path.is_file() else None
+    """Run ``case`` (:func:`slapo_ae.analysis.rerun.case_fields`) under the profiler through
+    the harness CLI; returns rank 0's operators (``rank0.ops.json``)."""
+    record = run_again(case, out_dir, PROFILE_STEPS, PROFILE_WARMUP, device, dtype, harness,
+                       ("--profile", str(out_dir)))
     if record is None or record.status != "ok":
+        log = out_dir / "run.log"
         what = (record.reason.splitlines()[0] if record and record.reason else
                 f"no record; see {log}")
         raise RuntimeError(f"profiling {case['mode']} {case['model']}: {what}")
@@ -160,8 +143,8 @@ def cause_text(profile: dict) -> str:
 
 def find_gaps(e2e_rows, ablation_rows, profiles: Path | None, device: str = "cpu",
               dtype: str = "fp32", max_profiles: int = MAX_PROFILES,
-              harness: str = DEFAULT_HARNESS) -> dict:
-    points = target_points(e2e_rows, ablation_rows)
+              harness: str = DEFAULT_HARNESS, rechecks: dict | None = None) -> dict:
+    points = target_points(e2e_rows, ablation_rows, rechecks)
     behind = sorted((p for p in points if p["verdict"] == FAIL), key=lambda p: p["ratio"])
     for i, point in enumerate(behind):
         if profiles is None or i >= max_profiles:
@@ -193,10 +176,14 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
     parser.add_argument("--max-profiles", type=int, default=MAX_PROFILES)
     parser.add_argument("--harness", default=DEFAULT_HARNESS, help="the harness CLI")
+    parser.add_argument("--recheck", help="slapo_ae.analysis.recheck's JSON: comparisons "
+                                          "measured again back to back")
     args = parser.parse_args(argv)
+    recheck = (json.loads(Path(args.recheck).read_text())
+               if args.recheck and Path(args.recheck).is_file() else {})
     result = find_gaps(table_rows(read_table(args.e2e)), table_rows(read_table(args.ablation)),
                        Path(args.profiles), args.device, args.dtype, args.max_profiles,
-                       args.harness)
+                       args.harness, recheck.get("comparisons"))
     write_text(args.out, json.dumps(result, indent=2) + "\n")
     for p in result["points"]:
         print(f"{p['what']} {p['model']} x{p['gpus']}: {p['ratio']:.2f}x, {p['relation']}"

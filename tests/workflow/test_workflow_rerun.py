@@ -6,7 +6,7 @@ from wf_util import ABLATION_CASES, E2E_CASES, make_config
 
 pytestmark = pytest.mark.slow
 
-AGGREGATES_E2E = {"e2e_table", "e2e_figure", "gaps", "claims", "all"}
+AGGREGATES_E2E = {"e2e_table", "e2e_figure", "recheck", "gaps", "claims", "all"}
 
 
 def _edit(path, old, new):

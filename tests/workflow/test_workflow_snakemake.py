@@ -67,7 +67,7 @@ def test_paper_dag_has_every_figure7_and_figure9_case(tmp_path):
     assert sum(c.startswith("results/ablation/paper/") for c in cases) == 4
     assert "results/e2e/paper/slapo-deepspeed__wideresnet-2.4B__g8__s1__b264__c0.json" in cases
     assert {"e2e_table", "e2e_figure", "ablation_table", "ablation_figure", "table4",
-            "gaps", "claims", "all"} <= set(jobs)
+            "recheck", "gaps", "claims", "all"} <= set(jobs)
 
 
 def test_report_has_figures_tables_and_captions(done_repo):

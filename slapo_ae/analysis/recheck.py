@@ -1,0 +1,138 @@
+"""Close comparisons measured again, back to back: the check against this machine's drift
+(``results/recheck.json``, read by :mod:`.claims` and :mod:`.gaps`).
+
+The claims (C1, C2, C4) and Slapo beside its own engine compare cases that ran minutes apart.
+On a shared machine, speed drifts between runs by more than it varies within one: the same
+case run twice a minute apart gave medians 20 to 30% apart here (docs/workflow.md), so the
+noise rule, which compares the interquartile ranges of each run's steps, can decide a
+comparison that the next pair of runs reverses. Every comparison the noise rule decides by a
+margin below ``--below`` (:func:`slapo_ae.analysis.claims.margin`: how far the two ranges stand
+apart; default 1.25, this machine's drift) is therefore run again: both cases back to back,
+with the profile's steps, the order alternating from one comparison to the next. The closest
+``--max`` comparisons are measured; a verdict then stands only if the pair run back to back
+gives the same one (:func:`slapo_ae.analysis.claims.after_recheck`). Both directions are
+measured alike: a close PASS is re-measured as a close FAIL is.
+
+    python -m slapo_ae.analysis.recheck --e2e results/e2e.csv --ablation results/ablation.csv \\
+        --out results/recheck.json --runs results/recheck --steps 24 --warmup 4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from slapo_ae.analysis.claims import (
+    INCONCLUSIVE,
+    NOT_RUN,
+    check_c1,
+    check_c4,
+    compare,
+    margin,
+    pair_key,
+    read_table,
+    table_rows,
+)
+from slapo_ae.analysis.gaps import target_points
+from slapo_ae.analysis.rerun import case_fields, run_again
+from slapo_ae.atomic import write_text
+from slapo_ae.harness.runner import DEFAULT_HARNESS
+
+DRIFT = 1.25  # the margin below which a decided comparison is measured again
+MAX_RECHECKS = 6
+
+
+def comparisons(e2e, ablation) -> list[tuple[dict, dict]]:
+    """Every comparison the claims and Slapo beside its engine make on the aggregate tables
+    ``e2e`` and ``ablation`` (DataFrames or None), as (row a, row b) with a judged against b,
+    each pair once."""
+    e2e_rows, ablation_rows = table_rows(e2e), table_rows(ablation)
+    rows = {r.get("case_id"): r for r in e2e_rows + ablation_rows}
+    pairs = {}
+    for claim in (check_c1(e2e), check_c4(ablation)):
+        for point in claim["points"]:
+            if point.get("compared"):
+                a, b = (rows[case_id] for case_id in point["compared"])
+                pairs.setdefault(pair_key(a, b), (a, b))
+    for point in target_points(e2e_rows, ablation_rows):
+        a, b = rows[point["slapo"]["case_id"]], rows[point["baseline"]["case_id"]]
+        pairs.setdefault(pair_key(a, b), (a, b))
+    return list(pairs.values())
+
+
+def close_calls(pairs, below: float = DRIFT) -> list[tuple[dict, dict, str, float]]:
+    """The decided comparisons whose margin is below ``below``, closest first, as (a, b,
+    verdict, margin)."""
+    close = []
+    for a, b in pairs:
+        decided = compare(a, b)
+        if decided in (INCONCLUSIVE, NOT_RUN):
+            continue
+        m = margin(a, b, decided)
+        if m is not None and m < below:
+            close.append((a, b, decided, m))
+    return sorted(close, key=lambda c: c[3])
+
+
+def measured_row(record) -> dict:
+    """The fields of a rerun's record that the noise rule reads (as an aggregate row has
+    them)."""
+    row = {"status": record.status if record else "failed"}
+    metrics = record.metrics if record and record.status == "ok" else None
+    if metrics is not None:
+        spread = metrics.spread or {}
+        row.update(samples_per_s=metrics.samples_per_s,
+                   samples_per_s_q1=spread.get("q1"), samples_per_s_q3=spread.get("q3"))
+    return row
+
+
+def recheck(e2e, ablation, runs: Path, steps: int, warmup: int, device: str = "cpu",
+            dtype: str = "fp32", below: float = DRIFT, most: int = MAX_RECHECKS,
+            harness: str = DEFAULT_HARNESS) -> dict:
+    close = close_calls(comparisons(e2e, ablation), below)
+    measured = {}
+    for i, (a, b, decided, m) in enumerate(close[:most]):
+        order = (b, a) if i % 2 == 0 else (a, b)  # whatever drifts, it favours neither side
+        rerun = {}
+        for row in order:
+            record = run_again(case_fields(row), runs / str(row["case_id"]), steps, warmup,
+                               device, dtype, harness)
+            rerun[str(row["case_id"])] = {**measured_row(record), "case_id": row["case_id"]}
+        again = compare(rerun[str(a["case_id"])], rerun[str(b["case_id"])])
+        measured[pair_key(a, b)] = {
+            "a": a["case_id"], "b": b["case_id"], "verdict": decided, "margin": m,
+            "order": [r["case_id"] for r in order], "rerun": rerun, "verdict_again": again}
+        print(f"{a['case_id']} vs {b['case_id']}: {decided} (margin {m:.3f}) -> back to back "
+              f"{again}", flush=True)
+    return {"below": below, "steps": steps, "warmup": warmup, "device": device,
+            "close": len(close), "measured": len(measured),
+            "not_measured": [pair_key(a, b) for a, b, _, _ in close[most:]],
+            "comparisons": measured}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--e2e")
+    parser.add_argument("--ablation")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--runs", required=True, help="folder of the reruns' records and logs")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
+    parser.add_argument("--below", type=float, default=DRIFT,
+                        help="measure again the decided comparisons with a smaller margin")
+    parser.add_argument("--max", type=int, default=MAX_RECHECKS, dest="most",
+                        help="at most this many comparisons, the closest first")
+    parser.add_argument("--harness", default=DEFAULT_HARNESS, help="the harness CLI")
+    args = parser.parse_args(argv)
+    result = recheck(read_table(args.e2e), read_table(args.ablation), Path(args.runs),
+                     args.steps, args.warmup, args.device, args.dtype, args.below, args.most,
+                     args.harness)
+    write_text(args.out, json.dumps(result, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Run the case of an aggregate row again, through the harness CLI: for the back-to-back
+re-measurements (:mod:`.recheck`) and the profiles of Slapo beside its engine (:mod:`.gaps`).
+
+The case is the row's (mode, model, GPUs, lengths, batch, checkpointing) with the run settings
+given here; its ranks get the harness's own thread budget (on CPU one core per rank, as the
+workflow's cases). The caller holds the machine as a case job does.
+"""
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+from slapo_ae.case import Case, parse_ckpt
+from slapo_ae.harness.runner import DEFAULT_HARNESS, harness_command, harness_env
+from slapo_ae.harness.runspec import default_timeout
+from slapo_ae.record import Record, read_record
+
+
+def case_fields(row) -> dict:
+    """The fields of an aggregate row that make its case, with its id and samples/s."""
+    ckpt = row.get("ckpt")
+    if ckpt is None or (isinstance(ckpt, float) and math.isnan(ckpt)):
+        ckpt = "0"
+    return {"case_id": row.get("case_id"), "mode": row["mode"], "model": row["model"],
+            "gpus": int(row["gpus"]), "seq_len": int(row["seq_len"]),
+            "dec_seq_len": int(row["dec_seq_len"]), "batch_size": int(row["batch_size"]),
+            "ckpt": str(ckpt), "samples_per_s": float(row["samples_per_s"])}
+
+
+def run_again(fields: dict, out_dir: Path, steps: int, warmup: int, device: str, dtype: str,
+              harness: str = DEFAULT_HARNESS, extra: tuple = ()) -> Record | None:
+    """Run the case of ``fields`` (:func:`case_fields`) for ``steps`` steps (``warmup`` of
+    them untimed), record and log in ``out_dir``; ``extra``: more ``slapo-bench run``
+    options. Returns the record, None if the harness left none."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    case = Case(mode=fields["mode"], model=fields["model"], gpus=fields["gpus"],
+                seq_len=fields["seq_len"], dec_seq_len=fields["dec_seq_len"],
+                batch_size=fields["batch_size"], batch_expr=str(fields["batch_size"]),
+                ckpt=parse_ckpt(fields["mode"], fields["ckpt"]), steps=steps, warmup=warmup,
+                dtype=dtype, device=device)
+    record_path, log = out_dir / "record.json", out_dir / "run.log"
+    record_path.unlink(missing_ok=True)  # a record left by an earlier run is not this one's
+    cmd = harness_command(harness, case, default_timeout(device, steps), str(record_path),
+                          str(log))
+    env = harness_env()
+    if device != "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    subprocess.run(cmd + [*extra, "--quiet"], stdin=subprocess.DEVNULL, capture_output=True,
+                   text=True, env=env)
+    return read_record(record_path) if record_path.is_file() else None

@@ -1,0 +1,133 @@
+"""Close comparisons measured again back to back (slapo_ae.analysis.recheck) and how the
+claims and Slapo-beside-its-engine take them in. Hand-written rows and records (test fixtures,
+never published results); the case runs are replaced by a fake ``run_again``."""
+import json
+
+import pandas as pd
+import pytest
+
+from slapo_ae.analysis import claims, gaps, recheck
+from slapo_ae.record import Record
+
+
+def row(mode, rate, q1, q3, model="bert-tiny", gpus=2, experiment="e2e"):
+    case_id = f"{mode}__{model}__g{gpus}"
+    return {"experiment": experiment, "case_id": case_id, "mode": mode, "model": model,
+            "gpus": gpus, "seq_len": 128, "dec_seq_len": 0, "batch_size": 8,
+            "ckpt": float("nan") if mode == "megatron" else 0.0, "status": "ok",
+            "samples_per_s": rate, "samples_per_s_q1": q1, "samples_per_s_q3": q3,
+            "profile": "test"}
+
+
+E2E = [
+    # C1 and Slapo-TP vs Megatron-LM, 2 ranks: Slapo behind by a margin of 85 / 75 = 1.13
+    row("megatron", 90, 85, 95), row("slapo-megatron", 70, 65, 75),
+    row("deepspeed", 40, 38, 42), row("slapo-deepspeed", 45, 43, 47),  # ahead: 43 / 42 = 1.02
+    # 1 rank: Slapo-TP far ahead (48 / 21 = 2.3), not measured again
+    row("megatron", 20, 19, 21, gpus=1), row("slapo-megatron", 50, 48, 52, gpus=1),
+    row("deepspeed", 18, 17, 19, gpus=1), row("slapo-deepspeed", 19, 16, 22, gpus=1),
+]
+ABLATION = [row(m, r, r - 5, r + 5, gpus=g, experiment="ablation") for m, r, g in (
+    ("eager", 100, 1), ("slapo-kernel", 80, 1),  # behind by 95 / 85 = 1.12
+    ("slapo-tp-attn-ffn", 150, 2), ("slapo-tp-full", 152, 2))]  # within the noise
+
+
+def frames():
+    return pd.DataFrame(E2E), pd.DataFrame(ABLATION)
+
+
+def test_close_calls_are_the_decided_comparisons_nearer_than_the_drift_both_ways():
+    close = recheck.close_calls(recheck.comparisons(*frames()), below=1.25)
+    found = [(a["case_id"], b["case_id"], verdict, round(m, 3)) for a, b, verdict, m in close]
+    assert found == [
+        ("slapo-deepspeed__bert-tiny__g2", "deepspeed__bert-tiny__g2", "PASS", round(43 / 42, 3)),
+        ("slapo-kernel__bert-tiny__g1", "eager__bert-tiny__g1", "FAIL", round(95 / 85, 3)),
+        ("slapo-megatron__bert-tiny__g2", "megatron__bert-tiny__g2", "FAIL", round(85 / 75, 3)),
+    ]  # each pair once, though C1 and Slapo-TP vs Megatron-LM both make the last one
+    assert recheck.close_calls(recheck.comparisons(*frames()), below=1.0) == []
+
+
+def fake_runs(rates, calls):
+    """A run_again that records the order of the runs and measures ``rates[mode]``."""
+    def run_again(fields, out_dir, steps, warmup, device, dtype, harness):
+        calls.append((fields["case_id"], steps, warmup, out_dir.name))
+        rate = rates[fields["mode"]]
+        if rate is None:
+            return Record("failed", {"id": fields["case_id"]}, reason="boom")
+        return Record("ok", {"id": fields["case_id"]}, metrics={
+            "samples_per_s": rate, "spread": {"q1": rate - 2, "q3": rate + 2}})
+    return run_again
+
+
+def test_recheck_runs_each_close_pair_back_to_back_alternating_the_order(monkeypatch, tmp_path):
+    calls = []
+    rates = {"deepspeed": 40, "slapo-deepspeed": 47,  # ahead again
+             "eager": 90, "slapo-kernel": 91,  # the gap was the drift
+             "megatron": 80, "slapo-megatron": 70}
+    monkeypatch.setattr(recheck, "run_again", fake_runs(rates, calls))
+    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, most=2)
+    assert [c[0] for c in calls] == [
+        "deepspeed__bert-tiny__g2", "slapo-deepspeed__bert-tiny__g2",  # b first ...
+        "slapo-kernel__bert-tiny__g1", "eager__bert-tiny__g1"]  # ... then a first
+    assert {c[1:3] for c in calls} == {(24, 4)}
+    assert result["close"] == 3 and result["measured"] == 2
+    assert result["not_measured"] == [
+        "megatron__bert-tiny__g2 vs slapo-megatron__bert-tiny__g2"]
+    again = {c["a"]: c["verdict_again"] for c in result["comparisons"].values()}
+    assert again == {"slapo-deepspeed__bert-tiny__g2": "PASS",
+                     "slapo-kernel__bert-tiny__g1": "INCONCLUSIVE"}
+    json.dumps(result)
+
+
+def test_a_verdict_stands_only_if_the_back_to_back_pair_agrees():
+    a, b = row("slapo-megatron", 70, 65, 75), row("megatron", 90, 85, 95)
+    key = claims.pair_key(a, b)
+
+    def rechecks(rate_a, rate_b, status="ok"):
+        rerun = {a["case_id"]: {**a, "samples_per_s": rate_a, "samples_per_s_q1": rate_a - 1,
+                                "samples_per_s_q3": rate_a + 1, "status": status},
+                 b["case_id"]: {**b, "samples_per_s": rate_b, "samples_per_s_q1": rate_b - 1,
+                                "samples_per_s_q3": rate_b + 1}}
+        return {key: {"rerun": rerun}}
+
+    verdict, note = claims.after_recheck("FAIL", a, b, rechecks(60, 80))
+    assert verdict == "FAIL" and note.startswith("; confirmed back to back: 60 [59-61]")
+    verdict, note = claims.after_recheck("FAIL", a, b, rechecks(80, 79))
+    assert verdict == "INCONCLUSIVE" and note.startswith("; not reproduced back to back")
+    assert claims.after_recheck("FAIL", a, b, rechecks(60, 80, "failed"))[0] == "INCONCLUSIVE"
+    assert claims.after_recheck("FAIL", a, b, None) == ("FAIL", "")  # not measured again
+    assert claims.after_recheck("INCONCLUSIVE", a, b, rechecks(60, 80)) == ("INCONCLUSIVE", "")
+
+
+def test_claims_and_engines_take_the_back_to_back_verdicts_in(monkeypatch, tmp_path):
+    rates = {"deepspeed": 40, "slapo-deepspeed": 47, "eager": 90, "slapo-kernel": 91,
+             "megatron": 80, "slapo-megatron": 70}
+    monkeypatch.setattr(recheck, "run_again", fake_runs(rates, []))
+    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4)
+    e2e, ablation = frames()
+    profiled = []
+    monkeypatch.setattr(gaps, "profile_case", lambda case, where, *a: profiled.append(
+        (case["mode"], where.name)) or {"steps": 1, "wall_us": 1e4, "ops": {}})
+    engines = gaps.find_gaps(E2E, ABLATION, tmp_path / "p", rechecks=result["comparisons"])
+    relation = {(p["what"], p["gpus"]): p["relation"] for p in engines["points"]}
+    assert relation[("+ Kernel Opt vs Vanilla", 1)] == gaps.NOT_REPRODUCED
+    assert relation[("Slapo-TP vs Megatron-LM", 2)] == "behind"  # confirmed: profiled
+    assert profiled == [("megatron", "baseline"), ("slapo-megatron", "slapo")]
+    checked = claims.check_all(e2e, ablation, None, gaps=engines, recheck=result)
+    c1, _, _, c4 = checked["claims"]
+    two = next(p for p in c1["points"] if p["gpus"] == 2)
+    assert two["verdict"] == "FAIL" and "confirmed back to back: 70 [68-72]" in two["why"]
+    kernel = c4["points"][0]
+    assert kernel["verdict"] == "INCONCLUSIVE"
+    assert "not reproduced back to back: 91 [89-93] against 90 [88-92]" in kernel["why"]
+    text = claims.to_markdown(checked)
+    assert "**Back to back.** A decided comparison whose margin" in text
+    assert "3 comparison(s) measured again here, with 24 steps (4 warm-up) each" in text
+
+
+@pytest.mark.parametrize("argv", [[], ["--below", "1.1", "--max", "0"]])
+def test_recheck_cli_with_no_data_writes_an_empty_result(tmp_path, argv):
+    out = tmp_path / "recheck.json"
+    assert recheck.main(["--out", str(out), "--runs", str(tmp_path / "r"), "--steps", "5",
+                         "--warmup", "1", *argv]) == 0
+    assert json.loads(out.read_text())["comparisons"] == {}
