@@ -3,7 +3,9 @@ re-measurements (:mod:`.recheck`) and the profiles of Slapo beside its engine (:
 
 The case is the row's (mode, model, GPUs, lengths, batch, checkpointing) with the run settings
 given here; its ranks get the harness's own thread budget (on CPU one core per rank, as the
-workflow's cases). The caller holds the machine as a case job does.
+workflow's cases). The caller holds the machine as a case job does, and on CPU the run takes
+the machine's CPU slot as every case does (:func:`slapo_ae.harness.runner.cpu_lock_dir`), so
+that it never measures beside another CPU case, whichever workflow started that one.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import subprocess
 from pathlib import Path
 
 from slapo_ae.case import Case, parse_ckpt
-from slapo_ae.harness.runner import DEFAULT_HARNESS, harness_command, harness_env
+from slapo_ae.harness.gpu_slots import GpuSlots
+from slapo_ae.harness.runner import DEFAULT_HARNESS, cpu_lock_dir, harness_command, harness_env
 from slapo_ae.harness.runspec import default_timeout
 from slapo_ae.record import Record, read_record
 
@@ -44,8 +47,15 @@ def run_again(fields: dict, out_dir: Path, steps: int, warmup: int, device: str,
     cmd = harness_command(harness, case, default_timeout(device, steps), str(record_path),
                           str(log))
     env = harness_env()
+    slot = None
     if device != "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ""
-    subprocess.run(cmd + [*extra, "--quiet"], stdin=subprocess.DEVNULL, capture_output=True,
-                   text=True, env=env)
+        slot = GpuSlots(cpu_lock_dir(), 1).acquire(1)
+    try:  # the harness inherits the slot's lock: it is held while any of its ranks runs
+        subprocess.run(cmd + [*extra, "--quiet"], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, env=env,
+                       pass_fds=tuple(slot.fds) if slot else ())
+    finally:
+        if slot is not None:
+            slot.release()
     return read_record(record_path) if record_path.is_file() else None

@@ -131,3 +131,30 @@ def test_recheck_cli_with_no_data_writes_an_empty_result(tmp_path, argv):
     assert recheck.main(["--out", str(out), "--runs", str(tmp_path / "r"), "--steps", "5",
                          "--warmup", "1", *argv]) == 0
     assert json.loads(out.read_text())["comparisons"] == {}
+
+
+@pytest.mark.slow
+def test_run_again_runs_a_rows_case_through_the_harness_holding_the_cpu_slot(tmp_path,
+                                                                            monkeypatch):
+    """A real rerun (eager bert-tiny, one rank, 3 steps): an ok record of that case, with the
+    machine's CPU slot taken for it, as the case runner takes it for every CPU case."""
+    from slapo_ae.analysis import rerun
+    from slapo_ae.harness import gpu_slots
+
+    taken = []
+    real_acquire = gpu_slots.GpuSlots.acquire
+
+    def acquire(self, count, *args, **kwargs):
+        taken.append((str(self.lock_dir), count))
+        return real_acquire(self, count, *args, **kwargs)
+
+    monkeypatch.setenv("SLAPO_CPU_LOCK_DIR", str(tmp_path / "lock"))
+    monkeypatch.setattr(gpu_slots.GpuSlots, "acquire", acquire)
+    fields = rerun.case_fields({**row("eager", 1.0, 1.0, 1.0, gpus=1), "seq_len": 16,
+                                "batch_size": 2})
+    record = rerun.run_again(fields, tmp_path / "run", steps=3, warmup=1, device="cpu",
+                             dtype="fp32")
+    assert record is not None and record.status == "ok", (tmp_path / "run" / "run.log")
+    assert record.case["id"] == "eager__bert-tiny__g1__s16__b2__c0"
+    assert len(record.metrics.step_times) == 3
+    assert taken == [(str(tmp_path / "lock"), 1)]
