@@ -56,10 +56,16 @@ def test_torchrun_meets_the_other_nodes_at_the_endpoint():
     assert torchrun_command(RunSpec(case=_case(), out="r.json"))[3] == "--standalone"
 
 
-def test_two_localhost_nodes_train_one_case(tmp_path):
+@pytest.mark.parametrize("mode", [
+    "eager",
+    # DeepSpeed ZeRO-3 across nodes, as the paper's Figure 8 baseline ran it
+    pytest.param("deepspeed", marks=pytest.mark.slow),
+    pytest.param("slapo-deepspeed", marks=pytest.mark.slow),
+])
+def test_two_localhost_nodes_train_one_case(tmp_path, mode):
     endpoint = f"127.0.0.1:{_free_port()}"
     cmd = [sys.executable, "-m", "slapo_ae.harness.cli", "run", "--device", "cpu",
-           "--mode", "eager", "--model", "bert-tiny", "--gpus", "2", "--nodes", "2",
+           "--mode", mode, "--model", "bert-tiny", "--gpus", "2", "--nodes", "2",
            "--seq-len", "16", "--batch-size", "4", "--steps", "3", "--warmup", "1",
            "--cores", "1", "--rdzv-endpoint", endpoint, "--timeout", "600"]
     outs = [tmp_path / f"node{i}" / "record.json" for i in range(2)]
@@ -77,3 +83,9 @@ def test_two_localhost_nodes_train_one_case(tmp_path):
     assert (record.case["nodes"], record.case["gpus_per_node"], record.case["gpus"]) == (2, 1, 2)
     assert record.case["id"].endswith("__g2__n2__s16__b4__c0")
     assert len(record.metrics.peak_mem_bytes) == 2  # both nodes' ranks reported
+    if mode != "eager":  # ZeRO-3 partitions the parameters over the ranks of both nodes
+        from slapo_ae.zoo import build_model
+
+        whole = sum(p.numel() for p in build_model("bert-tiny").parameters())
+        assert record.metrics.extra["dp_size"] == 2
+        assert max(record.metrics.params) < 0.6 * whole < sum(record.metrics.params)
