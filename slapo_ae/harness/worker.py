@@ -268,7 +268,7 @@ def run(spec: RunSpec) -> int:
             timeline["dist_ready"] = time.time()
             ctx = DistContext(rank, world, local, device)
             check(spec)
-            system = get_system(spec.case.mode)(spec, ctx)
+            system = get_system(spec.case.mode, spec.case.is_3d)(spec, ctx)
             system.micro_batch()  # the batch split is known before any work
             fault = injected_fault(rank, "setup")
             if fault:

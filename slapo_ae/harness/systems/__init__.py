@@ -14,6 +14,11 @@
 | slapo-tp-full     | slapo_tp.py        | + Embedding TP                                      |
 | torchscript       | (none)             | always ``unsupported`` (``support.check``)          |
 
+A ``megatron`` or ``slapo-megatron`` case with pipeline stages or data-parallel replicas
+(``Case.is_3d``: ``pp`` > 1, or ``tp`` below the GPUs) runs under the mode's 3D system:
+``megatron_3d.py`` (megatron-core's pipeline schedule and parallel state) and ``slapo_3d.py``
+(Slapo's pipeline on ``torch.distributed.pipelining`` over a ``slapo.Topology``).
+
 The protocol is in :mod:`.base`; which cases a system can run is decided by
 :func:`.support.check`, without importing torch. Modules are imported lazily: choosing
 ``eager`` never imports DeepSpeed or megatron-core.
@@ -38,9 +43,20 @@ _MODULES = {
 }
 
 
-def get_system(mode: str):
-    """The system class of ``mode`` (a :class:`.base.System`); ``KeyError`` for an unknown mode
-    and for ``torchscript``, which :func:`check` refuses."""
+# The 3D systems of the modes that take pp/tp/micro (Case.is_3d)
+_MODULES_3D = {
+    "megatron": ("megatron_3d", "Megatron3DSystem"),
+    "slapo-megatron": ("slapo_3d", "Slapo3DSystem"),
+}
+
+
+def get_system(mode: str, is_3d: bool = False):
+    """The system class of ``mode`` (a :class:`.base.System`; its 3D system for a case with
+    ``is_3d``, see above); ``KeyError`` for an unknown mode and for ``torchscript``, which
+    :func:`check` refuses."""
+    if is_3d and mode in _MODULES_3D:
+        module, name = _MODULES_3D[mode]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
     if mode not in _MODULES:
         known = ", ".join(list(_MODULES) + ["torchscript"])
         raise KeyError(f"unknown mode {mode!r}; known: {known}")

@@ -20,6 +20,11 @@ class Unsupported(Exception):
 MEGATRON_FAMILIES = ("bert", "gpt_neo", "llama", "t5")
 PAPER_NAMES = {"roberta": "RoBERTa", "opt": "OPT", "wideresnet": "WideResNet"}
 
+# The families whose layers the 3D systems split into pipeline stages, and the config field
+# that counts their layers (megatron_3d.py builds megatron-core's GPT for them, slapo_3d.py
+# cuts the HF model's layers).
+PIPELINE_LAYERS = {"llama": "num_hidden_layers", "gpt_neo": "num_layers"}
+
 # Families whose transformers 5.x classes have no SDPA attention, and why.
 NO_HF_SDPA = {
     "gpt_neo": "transformers has no SDPA attention for GPT-Neo (eager or flash-attention only)",
@@ -27,14 +32,8 @@ NO_HF_SDPA = {
 }
 
 
-def _family(spec) -> str:
-    from slapo_ae.zoo import model_family
-
-    return model_family(spec.case.model)
-
-
 def _check_megatron(spec) -> None:
-    family = _family(spec)
+    family = _family_of(spec.case)
     if family not in MEGATRON_FAMILIES:
         name = PAPER_NAMES.get(family, family)
         raise Unsupported(f"Megatron-LM has no {name} model (the paper's Figure 7 marks it "
@@ -45,8 +44,55 @@ def _check_megatron(spec) -> None:
         raise Unsupported(f"megatron takes CKPT full, selective or 0, not {spec.case.ckpt!r}")
 
 
+def _layers(case) -> int:
+    from slapo_ae.zoo import load_config
+
+    field = PIPELINE_LAYERS[_family_of(case)]
+    return int(case.overrides.get(field, load_config(case.model).get(field, 0)))
+
+
+def _family_of(case) -> str:
+    from slapo_ae.zoo import model_family
+
+    return model_family(case.model)
+
+
+def _check_megatron_3d(spec) -> None:
+    case = spec.case
+    family = _family_of(case)
+    if family not in PIPELINE_LAYERS:
+        raise Unsupported(f"megatron with pipeline stages or replicas (pp={case.pp}, "
+                          f"dp={case.dp_size}): this harness runs megatron-core's GPT "
+                          f"pipeline (GPT-Neo, LLaMA), not {family}")
+    if case.dtype == "fp16":
+        raise Unsupported("fp16 with megatron's pipeline schedule: its loss scaling is "
+                          "Megatron-LM's optimizer's, which this harness does not use "
+                          "(use bf16)")
+    layers = _layers(case)
+    if layers % case.pp:
+        raise Unsupported(f"megatron-core splits the layers evenly over the stages: "
+                          f"{layers} layers for pp={case.pp}")
+
+
+def _check_slapo_3d(spec) -> None:
+    case = spec.case
+    if case.pp == 1:
+        return
+    family = _family_of(case)
+    if family not in PIPELINE_LAYERS:
+        raise Unsupported(f"pipeline stages (pp={case.pp}) of a {family} model: the "
+                          f"harness cuts the layers of {', '.join(PIPELINE_LAYERS)} models only")
+    layers = _layers(case)
+    if layers < case.pp:
+        raise Unsupported(f"pp={case.pp} stages for {layers} layers: a stage needs a layer")
+    if case.dtype == "fp16":
+        raise Unsupported("fp16 with pipeline stages: the backward runs inside the "
+                          "pipeline schedule, where a GradScaler cannot scale the loss "
+                          "(use bf16)")
+
+
 def _check_hf_sdpa(spec) -> None:
-    reason = NO_HF_SDPA.get(_family(spec))
+    reason = NO_HF_SDPA.get(_family_of(spec.case))
     if reason:
         raise Unsupported(reason)
 
@@ -58,14 +104,21 @@ def _check_torchscript(spec) -> None:
 
 MODE_CHECKS = {"megatron": _check_megatron, "hf-sdpa": _check_hf_sdpa,
                "torchscript": _check_torchscript}
+# A case with pipeline stages or replicas (Case.is_3d) runs under its mode's 3D system
+MODE_CHECKS_3D = {"megatron": (_check_megatron, _check_megatron_3d),
+                  "slapo-megatron": (_check_slapo_3d,)}
 
 
 def check(spec) -> None:
-    """Raise :class:`Unsupported` if the system of ``spec.case.mode`` cannot run ``spec``:
-    16-bit precision is a GPU setting here, then the mode's own rules."""
+    """Raise :class:`Unsupported` if the system of ``spec.case.mode`` (its 3D system for a
+    case with pipeline stages or replicas) cannot run ``spec``: 16-bit precision is a GPU
+    setting here, then the mode's own rules."""
     if spec.case.device == "cpu" and spec.case.dtype != "fp32":
         raise Unsupported(f"{spec.case.dtype} on CPU: CPU runs train in fp32 only "
                           "(mixed precision is a GPU setting in this harness)")
-    rule = MODE_CHECKS.get(spec.case.mode)
-    if rule is not None:
+    if spec.case.is_3d and spec.case.mode in MODE_CHECKS_3D:
+        rules = MODE_CHECKS_3D[spec.case.mode]
+    else:
+        rules = (MODE_CHECKS[spec.case.mode],) if spec.case.mode in MODE_CHECKS else ()
+    for rule in rules:
         rule(spec)
