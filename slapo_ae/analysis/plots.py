@@ -9,7 +9,7 @@ unsupported, failed) with an X where its bar would be, as the paper does; the le
 - :func:`figure8`: the same panels (:func:`throughput_figure`) for the cases on several
   nodes, the three systems of the paper's Figure 8 (Megatron-LM, DeepSpeed ZeRO-3, Slapo), a
   tick's second line its nodes x GPUs per node, Slapo's bar labelled with its speedup over the
-  best baseline that ran.
+  best baseline that ran, and an X also where a system has no case at a GPU count.
 - :func:`figure9`: the ablation's steps (Vanilla, + Kernel Opt, + Attn/FFN TP,
   + Embedding TP) as bars, each labelled with its speedup over Vanilla.
 
@@ -40,6 +40,7 @@ COLORS = {"megatron": "#4c72b0", "deepspeed": "#dd8452", "slapo-megatron": "#55a
 STEP_COLORS = ["#8c8c8c", "#64b5cd", "#55a868", "#2f6b3c"]
 FAMILY_ORDER = ("bert", "roberta", "gpt_neo", "opt", "t5", "wideresnet", "llama")
 X_NOTE = "X: not measured (OOM, unsupported or failed)"
+X_NOTE_MISSING = "X: not measured (OOM, unsupported, failed or no such case)"
 # Figure 8's legend, as the paper's: its Slapo runs Megatron-style 3D parallelism
 MULTINODE_LABELS = {**SYSTEM_LABELS, "slapo-megatron": "Slapo"}
 
@@ -75,11 +76,11 @@ def _x_mark(ax, x, y, color):
             linestyle="none", zorder=5)
 
 
-def _legend_x(color="black"):
+def _legend_x(note=X_NOTE):
     from matplotlib.lines import Line2D
 
-    return Line2D([], [], marker="x", markersize=9, markeredgewidth=2.2, color=color,
-                  linestyle="none", label=X_NOTE)
+    return Line2D([], [], marker="x", markersize=9, markeredgewidth=2.2, color="black",
+                  linestyle="none", label=note)
 
 
 def _empty(ax, text):
@@ -121,11 +122,12 @@ def _tick(sub, gpus: int) -> str:
 
 
 def throughput_figure(df, systems, labels: dict, what: str, empty: str,
-                      speedup_of: str | None = None):
+                      speedup_of: str | None = None, mark_missing: bool = False):
     """Samples/s as bars: one panel per model, GPU counts on the x axis, one bar per system of
     ``systems`` (legend ``labels``), an X for every case that is not ok. ``speedup_of``: a
     system whose bars are labelled with their speedup over the best baseline that ran ok at
-    that GPU count."""
+    that GPU count; ``mark_missing``: an X too for a system with no case at a GPU count where
+    another has one."""
     plt = _plt()
     from matplotlib.patches import Patch
 
@@ -147,6 +149,9 @@ def throughput_figure(df, systems, labels: dict, what: str, empty: str,
             here = _cells(sub[sub["gpus"] == g])
             for si, system in enumerate(systems):
                 if system not in here:
+                    if mark_missing:
+                        _x_mark(ax, gi + (si - (len(systems) - 1) / 2) * width, 0.04 * top,
+                                COLORS[system])
                     continue
                 row = here[system]
                 x = gi + (si - (len(systems) - 1) / 2) * width
@@ -175,7 +180,7 @@ def throughput_figure(df, systems, labels: dict, what: str, empty: str,
     for ax in flat[len(models) or 1:]:
         ax.axis("off")
     handles = [Patch(facecolor=COLORS[s], edgecolor="black", label=labels[s])
-               for s in systems] + [_legend_x()]
+               for s in systems] + [_legend_x(X_NOTE_MISSING if mark_missing else X_NOTE)]
     fig.suptitle(_title(df, what), y=0.995, fontsize=10)
     top = 1 - 0.5 / fig.get_figheight()
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8,
@@ -192,11 +197,12 @@ def figure7(df):
 
 def figure8(df):
     """Figure 8 from the multinode table (:func:`slapo_ae.analysis.aggregate.table`): Slapo's
-    bars carry their speedup over the best baseline."""
+    bars carry their speedup over the best baseline; a system missing at a GPU count is an
+    X."""
     return throughput_figure(df, MULTINODE_SYSTEMS, MULTINODE_LABELS,
                              "Figure 8: multi-node training throughput",
                              "no multi-node cases in this profile\n(profiles multinode, "
-                             "cpu-multinode)", speedup_of="slapo-megatron")
+                             "cpu-multinode)", speedup_of="slapo-megatron", mark_missing=True)
 
 
 def figure9(df):

@@ -291,6 +291,8 @@ def test_figure8_marks_non_ok_bars_prints_speedups_and_nodes(tmp_path):
     assert legend[:3] == ["Megatron-LM", "DeepSpeed ZeRO-3", "Slapo"] and legend[3].startswith("X:")
     plots.save(fig, tmp_path / "multinode.pdf")
     assert (tmp_path / "multinode.pdf").read_bytes()[:4] == b"%PDF"
+    # a system without a case at a GPU count is an X as well
+    assert x_marks(plots.figure8(df[df["case_id"] != "deepspeed__llama-7b__g64__n8"])) == 3
     # a profile without multi-node cases: an empty figure that says so
     empty = aggregate.write_csv(aggregate.table([]), tmp_path / "m.csv")
     assert plots.main(["multinode", str(empty), str(tmp_path / "empty.pdf")]) == 0
