@@ -465,6 +465,10 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
     it); the cuts make ``topology.pp`` stages, this rank builds stage
     ``topology.stage_index`` in its pipeline group, and ``PipelineBuild.step`` averages the
     gradients over its data group.
+
+    ``loss_fn(output, target)`` runs on the last stage; without it, the loss the schedule
+    took from the model when its root was traced (``slapo.op.vocab_parallel_loss``: the
+    vocabulary-parallel cross entropy of the sharded logits), if any.
     """
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
@@ -473,6 +477,8 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
         raise RuntimeError("build(target='pipeline') needs torch.distributed initialised, one "
                            "rank per stage")
     stages = split_stages(sch, tied=True)
+    if loss_fn is None:
+        loss_fn = state.pipeline_loss(sch.root)
     if topology is not None:
         if group is not None or stage_index is not None:
             raise ValueError("build(target='pipeline'): pass topology= or group=/stage_index=, "

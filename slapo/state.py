@@ -50,6 +50,10 @@ FULL_PADDING_IDX = "_slapo_full_padding_idx"  # the padding_idx before sharding
 # root; read by pipeline.split_stages, which then takes its children as the stages.
 PIPELINE_PARTITION = "_slapo_pipeline_partition"  # True: the children submod_<k> are stages
 
+# Written by op.vocab_parallel_loss on the model whose forward it wraps; read by trace, which
+# traces a root model's own forward without the wrapper and hands the loss to the pipeline.
+LOSS_FN = "_slapo_loss_fn"  # loss_fn(output, target): the wrapper's loss from the output
+
 # --- marks of tensors ----------------------------------------------------------------------
 # Written by sharding.overlap.overlap_input on the module input it returns; read by the
 # forward of the linears it lists (defer_weight_grad).
@@ -58,6 +62,9 @@ PENDING_WEIGHT_GRADS = "_slapo_pending_weight_grads"  # the call's PendingWeight
 # --- marks of the root Schedule -----------------------------------------------------------
 # Written by cut_pipeline_stage (pipeline.record_cut); read by pipeline.split_stages.
 PIPELINE_CUTS = "_slapo_pipeline_cuts"  # the module paths a stage ends after, in cut order
+# Written by trace of a root whose forward computed a vocab-parallel loss (LOSS_FN); read by
+# pipeline.build_pipeline, whose last stage computes that loss when no loss_fn is given.
+PIPELINE_LOSS = "_slapo_pipeline_loss"
 
 # --- tracer-private marks -----------------------------------------------------------------
 # Written on the wrappers the tracer puts in place of torch constructors (torch.arange, ...)
@@ -155,6 +162,14 @@ def mark_pipeline_partition(mod: Any) -> None:
     mod.__dict__[PIPELINE_PARTITION] = True
 
 
+def loss_fn(mod: Any) -> Callable | None:
+    return mod.__dict__.get(LOSS_FN)
+
+
+def set_loss_fn(mod: Any, fn: Callable) -> None:
+    mod.__dict__[LOSS_FN] = fn
+
+
 # Tensor marks: a plain attribute of the tensor object (views and copies start without it).
 def pending_weight_grads(tensor: Any) -> Any:
     return getattr(tensor, PENDING_WEIGHT_GRADS, None)
@@ -173,6 +188,14 @@ def add_pipeline_cut(root: Any, path: str) -> None:
 
 def pipeline_cuts(root: Any) -> list[str]:
     return list(root.__dict__.get(PIPELINE_CUTS, []))
+
+
+def pipeline_loss(root: Any) -> Callable | None:
+    return root.__dict__.get(PIPELINE_LOSS)
+
+
+def set_pipeline_loss(root: Any, fn: Callable) -> None:
+    root.__dict__[PIPELINE_LOSS] = fn
 
 
 # Tracer-private marks.

@@ -13,6 +13,14 @@ Every part of the artifact passes a case in one of three forms, all defined here
 - argv (:meth:`to_argv`, parsed back by :func:`add_arguments` and :func:`from_args`): the
   ``slapo-bench run`` call of the case runner, the GPU check and a user;
 - the record's ``case`` (:meth:`to_record`), which the analysis reads.
+
+3D parallelism (``megatron`` and ``slapo-megatron`` only): ``pp`` pipeline stages, ``tp``
+tensor-parallel ranks inside a stage (``None``: ``gpus // pp``, no data parallelism) and
+``micro_batch`` samples per micro-batch (``None``: the replica's batch in ``pp`` parts); the
+rest of the GPUs are data-parallel replicas, ``dp = gpus // (pp * tp)``. A cfg line gives them
+as ``pp=P tp=T micro=M`` (:mod:`slapo_ae.cfg`), ``slapo-bench run`` as ``--pp``, ``--tp``,
+``--micro-batch``; only values given change the case's id and encodings, so the cases written
+before 3D parallelism keep theirs.
 """
 from __future__ import annotations
 
@@ -39,13 +47,21 @@ MODES = {
 # Modes whose GPUs are all data-parallel ranks: each takes batch / GPUs samples
 DATA_PARALLEL_MODES = ("eager", "hf-sdpa", "hf-compile", "slapo-kernel", "deepspeed",
                        "slapo-deepspeed")
+# Modes whose GPUs are tensor-parallel ranks (with pp = 1 and no tp given, all of them)
+TENSOR_PARALLEL_MODES = ("megatron", "slapo-megatron", "slapo-tp-full", "slapo-tp-attn-ffn")
+# Modes that take the 3D settings pp, tp, micro_batch
+PIPELINE_MODES = ("megatron", "slapo-megatron")
 MEGATRON_CKPT = ("full", "selective")
 DTYPES = ("fp32", "fp16", "bf16")
 MAX_GPUS = 65536  # larger counts are typos; the launcher bounds CPU ranks by the machine
 DEFAULT_LR = 1e-4
 DEFAULT_SEED = 1234
-RECORD_FIELDS = ("mode", "model", "gpus", "nodes", "gpus_per_node", "seq_len", "dec_seq_len",
-                 "batch_size", "batch_expr", "ckpt", "source", "line")
+# The record's case fields; tp, dp and micro_batch are the effective values (defaults
+# resolved), which Case names tp_size, dp_size and micro_batch_size.
+RECORD_FIELDS = ("mode", "model", "gpus", "nodes", "gpus_per_node", "pp", "tp", "dp",
+                 "micro_batch", "seq_len", "dec_seq_len", "batch_size", "batch_expr", "ckpt",
+                 "source", "line")
+_EFFECTIVE = {"tp": "tp_size", "dp": "dp_size", "micro_batch": "micro_batch_size"}
 
 
 class CaseError(ValueError):
@@ -74,6 +90,9 @@ class Case:
     no_dropout: bool = False
     overrides: dict = dataclasses.field(default_factory=dict, hash=False)  # model config fields
     nodes: int = 1  # machines the GPUs are spread over, gpus_per_node each
+    pp: int = 1  # pipeline stages (megatron, slapo-megatron)
+    tp: int | None = None  # tensor-parallel ranks per stage; None: gpus // pp
+    micro_batch: int | None = None  # samples per micro-batch; None: replica's batch / pp
     # where the case was written; not part of what is measured
     source: str = dataclasses.field(default="", compare=False)
     line: int = dataclasses.field(default=0, compare=False)
@@ -83,10 +102,44 @@ class Case:
             raise CaseError(f"nodes must be a positive integer, got {self.nodes!r}")
         if self.gpus % self.nodes:
             raise CaseError(f"{self.gpus} GPUs do not spread evenly over {self.nodes} nodes")
+        check_parallelism(self.mode, self.gpus, self.batch_size, self.pp, self.tp,
+                          self.micro_batch)
 
     @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
+
+    @property
+    def tp_size(self) -> int:
+        """Tensor-parallel ranks per stage: ``tp`` if given; else all of a stage's GPUs in a
+        tensor-parallel mode, 1 in the others."""
+        if self.tp is not None:
+            return self.tp
+        return self.gpus // self.pp if self.mode in TENSOR_PARALLEL_MODES else 1
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel replicas: ``gpus // (pp * tp)``."""
+        return self.gpus // (self.pp * self.tp_size)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per micro-batch: ``micro_batch`` if given, else the replica's batch split
+        into ``pp`` micro-batches (with pp = 1, the replica's whole batch)."""
+        if self.micro_batch is not None:
+            return self.micro_batch
+        return self.batch_size // (self.dp_size * self.pp)
+
+    @property
+    def n_microbatches(self) -> int:
+        """Micro-batches of one step on each replica."""
+        return self.batch_size // self.dp_size // self.micro_batch_size
+
+    @property
+    def is_3d(self) -> bool:
+        """A ``megatron``/``slapo-megatron`` case with pipeline stages or data-parallel
+        replicas beside its tensor parallelism: it runs under the mode's 3D system."""
+        return self.mode in PIPELINE_MODES and (self.pp > 1 or self.dp_size > 1)
 
     @property
     def ckpt_token(self) -> str:
@@ -104,6 +157,12 @@ class Case:
         parts = [self.mode, safe_name(self.model), f"g{self.gpus}"]
         if self.nodes > 1:
             parts.append(f"n{self.nodes}")
+        if self.pp != 1:
+            parts.append(f"p{self.pp}")
+        if self.tp is not None:
+            parts.append(f"t{self.tp}")
+        if self.micro_batch is not None:
+            parts.append(f"m{self.micro_batch}")
         parts.append(f"s{self.seq_len}")
         if self.dec_seq_len:
             parts.append(f"d{self.dec_seq_len}")
@@ -125,8 +184,11 @@ class Case:
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         del data["source"], data["line"]
-        if self.nodes == 1:  # one node: the encoding (and so the workflow's jobs) as before
-            del data["nodes"]
+        # settings left at their defaults are left out: the encoding (and so the workflow's
+        # jobs) of a case on one node without 3D settings is what it was before them
+        for name, default in (("nodes", 1), ("pp", 1), ("tp", None), ("micro_batch", None)):
+            if data[name] == default:
+                del data[name]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -157,13 +219,19 @@ class Case:
             argv.append("--no-dropout")
         if self.nodes > 1:
             argv += ["--nodes", str(self.nodes)]
+        if self.pp != 1:
+            argv += ["--pp", str(self.pp)]
+        if self.tp is not None:
+            argv += ["--tp", str(self.tp)]
+        if self.micro_batch is not None:
+            argv += ["--micro-batch", str(self.micro_batch)]
         for key, value in self.overrides.items():
             argv += ["--override", f"{key}={json.dumps(value)}"]
         return argv
 
     def to_record(self, case_id: str | None = None) -> dict:
         """The record's ``case``: the cfg fields, where it was written, and its id."""
-        data = {name: getattr(self, name) for name in RECORD_FIELDS}
+        data = {name: getattr(self, _EFFECTIVE.get(name, name)) for name in RECORD_FIELDS}
         return {"id": case_id or self.id, **data}
 
 
@@ -201,6 +269,45 @@ def check_batch(mode: str, batch_size: int, gpus: int) -> None:
                         "global batch over its data-parallel ranks")
 
 
+def check_parallelism(mode: str, gpus: int, batch_size: int, pp: int = 1, tp: int | None = None,
+                      micro_batch: int | None = None) -> None:
+    """The 3D settings fit the case: only ``megatron`` and ``slapo-megatron`` take them,
+    ``pp * tp`` divides the GPUs, the replicas split the global batch evenly and the
+    micro-batch divides a replica's share. Messages use the cfg tokens' names."""
+    for name, value in (("pp", pp), ("tp", tp), ("micro", micro_batch)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            raise CaseError(f"{name}={value!r}: must be a positive integer")
+    given = {"pp": pp if pp != 1 else None, "tp": tp, "micro": micro_batch}
+    if mode not in PIPELINE_MODES:
+        named = [f"{name}={value}" for name, value in given.items() if value is not None]
+        if named:
+            raise CaseError(f"{' '.join(named)}: pipeline/tensor/micro-batch settings are for "
+                            f"{' and '.join(PIPELINE_MODES)}, not {mode}")
+        return
+    if tp is None:
+        if gpus % pp:
+            raise CaseError(f"pp={pp} does not divide the {gpus} GPUs")
+        tp = gpus // pp
+    elif gpus % (pp * tp):
+        raise CaseError(f"pp={pp} x tp={tp} = {pp * tp} does not divide the {gpus} GPUs")
+    dp = gpus // (pp * tp)
+    if batch_size % dp:
+        raise CaseError(f"the global batch {batch_size} does not split over {dp} data-parallel "
+                        f"replicas ({gpus} GPUs / (pp={pp} x tp={tp}))")
+    share = batch_size // dp
+    if micro_batch is not None:
+        if pp == 1:
+            raise CaseError(f"micro={micro_batch} needs pp > 1: micro-batches feed the "
+                            "pipeline's stages")
+        if share % micro_batch:
+            raise CaseError(f"micro={micro_batch} does not divide a replica's batch {share} "
+                            f"(global {batch_size} / {dp} replicas)")
+    elif share % pp:
+        raise CaseError(f"a replica's batch {share} (global {batch_size} / {dp} replicas) does "
+                        f"not split into pp={pp} micro-batches; give micro=")
+
+
 def check_mode(mode: str) -> None:
     if mode not in MODES:
         import difflib
@@ -220,6 +327,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=1,
                         help="machines the GPUs are spread over (GPUS / NODES each); run the "
                              "same command on each, with --rdzv-endpoint")
+    parser.add_argument("--pp", type=int, default=1,
+                        help="megatron, slapo-megatron: pipeline stages (default 1)")
+    parser.add_argument("--tp", type=int, default=None,
+                        help="megatron, slapo-megatron: tensor-parallel ranks per stage "
+                             "(default GPUS / PP: no data parallelism)")
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="megatron, slapo-megatron with --pp > 1: samples per micro-batch "
+                             "(default: a replica's batch / PP)")
     parser.add_argument("--seq-len", type=int, required=True)
     parser.add_argument("--dec-seq-len", type=int, default=0)
     parser.add_argument("--batch-size", required=True,
@@ -276,9 +391,13 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
         ckpt = parse_ckpt(args.mode, args.ckpt)
     except CaseError as err:
         raise CaseError(f"--ckpt: {err}") from None
+    try:
+        check_parallelism(args.mode, args.gpus, batch, args.pp, args.tp, args.micro_batch)
+    except CaseError as err:
+        raise CaseError(f"--pp/--tp/--micro-batch: {err}") from None
     return Case(mode=args.mode, model=args.model, gpus=args.gpus, seq_len=args.seq_len,
                 dec_seq_len=args.dec_seq_len, batch_size=batch, batch_expr=args.batch_size,
                 ckpt=ckpt, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                 device=device, seed=args.seed, lr=args.lr, no_dropout=args.no_dropout,
                 overrides=dict(parse_override(o) for o in args.override), nodes=args.nodes,
-                source=source)
+                pp=args.pp, tp=args.tp, micro_batch=args.micro_batch, source=source)

@@ -11,6 +11,14 @@ count:
   as ``None``). Every other mode: the fraction of layers checkpointed, a float in [0, 1]
   (for ``deepspeed`` the paper's 1 means HF gradient checkpointing on).
 
+After the seven fields a line may carry ``key=value`` tokens, for ``megatron`` and
+``slapo-megatron`` only (3D parallelism, :class:`slapo_ae.case.Case`): ``pp=P`` pipeline
+stages (default 1), ``tp=T`` tensor-parallel ranks per stage (default GPUS / P, no data
+parallelism) and ``micro=M`` samples per micro-batch (with P > 1; default the replica's batch
+/ P). The remaining GPUs are data-parallel replicas, ``dp = GPUS / (P * T)``; a product that
+does not divide is an error of the line. For example
+``slapo-megatron llama-7b 16 1024 0 256 0 pp=2 tp=8 micro=4``.
+
 Modes (:data:`slapo_ae.case.MODES`) are the four systems of Figure 7, the original benchmark's
 ``eager`` and ``torchscript``, the Slapo steps of the Figure 9 ablation on top of ``eager``
 (Vanilla), and the HF baselines ``hf-sdpa`` and ``hf-compile`` a user would pick instead of
@@ -27,6 +35,8 @@ from slapo_ae import expr as _expr
 from slapo_ae.case import MAX_GPUS, Case, CaseError, check_batch, check_mode, parse_ckpt
 
 FIELDS = ("MODE", "MODEL", "GPUS", "SEQ_LEN", "DEC_SEQ_LEN", "BATCH_SIZE", "CKPT")
+# the optional key=value tokens after the fields, and the Case field each sets
+OPTIONS = {"pp": "pp", "tp": "tp", "micro": "micro_batch"}
 
 
 class CfgError(ValueError):
@@ -69,11 +79,28 @@ def _int_field(name: str, token: str, minimum: int) -> int:
     return int(token)
 
 
+def _parse_options(tokens: list[str]) -> dict[str, int]:
+    """The ``key=value`` tokens after the fields -> Case fields (:data:`OPTIONS`)."""
+    options = {}
+    for token in tokens:
+        key, sep, value = token.partition("=")
+        if key not in OPTIONS:
+            known = ", ".join(f"{k}=" for k in OPTIONS)
+            raise ValueError(f"unknown option {token!r} after the {len(FIELDS)} fields "
+                             f"(known: {known})")
+        if OPTIONS[key] in options:
+            raise ValueError(f"option {key}= is given twice")
+        options[OPTIONS[key]] = _int_field(f"{key}=", value, 1)
+    return options
+
+
 def _parse_line(tokens: list[str], source: str, lineno: int, max_gpus, known_models):
-    if len(tokens) != len(FIELDS):
-        raise ValueError(f"expected {len(FIELDS)} fields ({' '.join(FIELDS)}), "
+    extra = tokens[len(FIELDS):]
+    if len(tokens) < len(FIELDS) or any("=" not in token for token in extra):
+        raise ValueError(f"expected {len(FIELDS)} fields ({' '.join(FIELDS)}), then optional "
+                         f"key=value tokens ({', '.join(f'{k}=' for k in OPTIONS)}); "
                          f"got {len(tokens)}: {tokens}")
-    mode, model, gpus, seq, dec, batch, ckpt = tokens
+    mode, model, gpus, seq, dec, batch, ckpt = tokens[:len(FIELDS)]
     check_mode(mode)
     if known_models is not None and model not in known_models:
         near = difflib.get_close_matches(model, list(known_models), n=3, cutoff=0.5)
@@ -83,6 +110,7 @@ def _parse_line(tokens: list[str], source: str, lineno: int, max_gpus, known_mod
     seq_len = _int_field("SEQ_LEN", seq, 1)
     dec_seq_len = _int_field("DEC_SEQ_LEN", dec, 0)
     ckpt_value = parse_ckpt(mode, ckpt)
+    options = _parse_options(extra)
     cases = []
     for n in counts:
         try:
@@ -93,9 +121,13 @@ def _parse_line(tokens: list[str], source: str, lineno: int, max_gpus, known_mod
             check_batch(mode, batch_size, n)
         except CaseError as err:
             raise ValueError(f"BATCH_SIZE {batch!r} {err}") from None
-        cases.append(Case(mode=mode, model=model, gpus=n, seq_len=seq_len,
-                          dec_seq_len=dec_seq_len, batch_size=batch_size, batch_expr=batch,
-                          ckpt=ckpt_value, source=source, line=lineno))
+        try:
+            cases.append(Case(mode=mode, model=model, gpus=n, seq_len=seq_len,
+                              dec_seq_len=dec_seq_len, batch_size=batch_size, batch_expr=batch,
+                              ckpt=ckpt_value, source=source, line=lineno, **options))
+        except CaseError as err:
+            at = f" (at {n} GPUs)" if len(counts) > 1 else ""
+            raise ValueError(f"{err}{at}") from None
     return cases
 
 
@@ -137,5 +169,7 @@ def to_cfg_line(case: Case) -> str:
     batch = case.batch_expr
     if shlex.quote(batch) != batch:
         batch = f'"{batch}"'
+    given = {"pp": case.pp if case.pp != 1 else None, "tp": case.tp, "micro": case.micro_batch}
+    options = [f"{key}={value}" for key, value in given.items() if value is not None]
     return " ".join([case.mode, case.model, str(case.gpus), str(case.seq_len),
-                     str(case.dec_seq_len), batch, case.ckpt_token])
+                     str(case.dec_seq_len), batch, case.ckpt_token, *options])

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .. import state
+
 
 def _world_and_rank(group) -> tuple[int, int]:
     if not dist.is_initialized():
@@ -95,6 +97,27 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, gro
 LOSS_KINDS = ("causal", "masked", "seq2seq")
 
 
+def vocab_parallel_output_loss(output, target: torch.Tensor, kind: str = "causal",
+                               group=None) -> torch.Tensor:
+    """The loss ``vocab_parallel_loss`` computes, from the model's output and its labels: the
+    ``loss_fn(output, target)`` of a pipeline's last stage once ``trace`` took that loss out of
+    the model's forward. ``output``: the (vocabulary-sharded) logits, or a tuple holding them
+    first, or a dict holding them as ``"logits"``; ``kind`` ``"causal"`` or ``"masked"``."""
+    if kind not in ("causal", "masked"):
+        raise ValueError(f"loss kind {kind!r}: a loss from the output alone is 'causal' or "
+                         "'masked' (seq2seq makes the decoder's inputs from the labels)")
+    if isinstance(output, dict):
+        logits = output["logits"]
+    elif isinstance(output, (tuple, list)):
+        logits = output[0]
+    else:
+        logits = output
+    target = target.to(logits.device)
+    if kind == "causal":
+        target = F.pad(target, (0, 1), value=-100)[..., 1:]
+    return vocab_parallel_cross_entropy(logits, target, group)
+
+
 def vocab_parallel_loss(sch, kind: str) -> None:
     """Make the root model of the schedule ``sch`` compute its loss with
     ``vocab_parallel_cross_entropy`` (for a model whose LM head yields vocabulary-sharded logits).
@@ -106,11 +129,19 @@ def vocab_parallel_loss(sch, kind: str) -> None:
     ``"masked"`` (each token predicts its own label, as HF's MLM loss),
     ``"seq2seq"`` (T5: decoder inputs made from the labels with ``model._shift_right``).
     Labels equal to -100 are ignored.
+
+    Tracing the root afterwards (``trace`` at the root, for a pipeline) traces the model's own
+    forward, without this wrapper: the traced model returns the sharded logits, and
+    ``build(target="pipeline")`` computes this loss on its last stage
+    (:func:`vocab_parallel_output_loss`; ``"causal"`` and ``"masked"``).
     """
     if kind not in LOSS_KINDS:
         raise ValueError(f"unknown loss kind {kind!r}; expected one of {LOSS_KINDS}")
     model, group = sch.mod, sch.group
     inner = model.forward
+    if kind != "seq2seq":  # a traced root hands this loss to the pipeline's last stage (trace)
+        state.set_loss_fn(model, functools.partial(vocab_parallel_output_loss, kind=kind,
+                                                   group=group))
 
     @functools.wraps(inner)
     def forward(*args, labels=None, **kwargs):
@@ -120,10 +151,9 @@ def vocab_parallel_loss(sch, kind: str) -> None:
                 and kwargs.get("decoder_inputs_embeds") is None:
             kwargs["decoder_input_ids"] = model._shift_right(labels)
         out = inner(*args, **kwargs)
-        target = labels.to(out.logits.device)
-        if kind == "causal":
-            target = F.pad(target, (0, 1), value=-100)[..., 1:]
-        loss = vocab_parallel_cross_entropy(out.logits, target, group)
+        # seq2seq labels line up with the decoder's logits, as masked ones with the tokens
+        loss = vocab_parallel_output_loss(out.logits, labels, group=group,
+                                          kind="causal" if kind == "causal" else "masked")
         return type(out)(loss=loss, **{k: v for k, v in out.items() if k != "loss"})
 
     model.forward = forward

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
+from .. import state
 from ..tracing import has_foreign_hooks, is_traced, trace_module
 from ..tracing.hf_inputs import example_inputs_from_config
 from . import register_primitive
@@ -55,6 +56,9 @@ def trace(sch, recursive: bool = True, flatten: bool = False, leaves: Iterable =
     train/eval mode HF attention reads (a warning says when the mode changes later), and
     attribute values such as a head count, so shard a module before tracing it if sharding
     changes such values. Stateless submodules (HF activations) are traced into their caller.
+    A schedule root whose loss ``slapo.op.vocab_parallel_loss`` made vocabulary-parallel is
+    traced without that loss (its own forward, returning the sharded logits); the schedule
+    keeps the loss, and ``build(target="pipeline")`` computes it on the last stage.
     Tracing an already traced module is a no-op. Raises ``slapo.tracing.TraceError`` naming the
     module (path and class) that could not be traced, and why.
 
@@ -73,6 +77,24 @@ def trace(sch, recursive: bool = True, flatten: bool = False, leaves: Iterable =
                          "blocks; give example_inputs where shapes matter)")
     if is_traced(sch.mod):
         return True
+    # A root whose forward vocab_parallel_loss wrapped is traced without the wrapper (the
+    # pipeline's last stage computes that loss); put back if tracing fails.
+    loss_fn = state.loss_fn(sch.mod) if sch.parent is None else None
+    wrapped = sch.mod.__dict__.pop("forward", None) if loss_fn is not None else None
+    try:
+        _trace(sch, recursive, flatten, leaves, tracer, concrete_args, config, example_inputs,
+               leaf_modules, where)
+    except BaseException:
+        if wrapped is not None:
+            sch.mod.forward = wrapped
+        raise
+    if loss_fn is not None:
+        state.set_pipeline_loss(sch, loss_fn)
+    return True
+
+
+def _trace(sch, recursive, flatten, leaves, tracer, concrete_args, config, example_inputs,
+           leaf_modules, where) -> None:
     if has_foreign_hooks(sch.mod):
         raise ValueError(f"'{where}' ({type(sch.mod).__name__}) has hooks or a "
                          "replaced forward from earlier primitives (sync, checkpoint, fork_rng, "
@@ -90,7 +112,6 @@ def trace(sch, recursive: bool = True, flatten: bool = False, leaves: Iterable =
         setattr(sch.parent.mod, sch.name, gm)
     sch.mod = gm
     sch._rebuild_children()
-    return True
 
 
 def _as_list(leaves) -> list:

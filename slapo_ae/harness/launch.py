@@ -228,7 +228,7 @@ def run(spec: RunSpec) -> Record | None:
                       f"({rule})")
     if reason is None:
         try:
-            get_system(spec.case.mode).check(spec)
+            get_system(spec.case.mode, spec.case.is_3d).check(spec)
         except Unsupported as err:
             reason = str(err)
     if reason is not None:

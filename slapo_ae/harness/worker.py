@@ -266,7 +266,7 @@ def run(spec: RunSpec) -> int:
                                     timeout=timeout)
             timeline["dist_ready"] = time.time()
             ctx = DistContext(rank, world, local, device)
-            system_cls = get_system(spec.case.mode)
+            system_cls = get_system(spec.case.mode, spec.case.is_3d)
             system_cls.check(spec)
             system = system_cls(spec, ctx)
             system.micro_batch()  # the batch split is known before any work

@@ -10,6 +10,12 @@ CPU ranks, one spawn for every check:
   length and hidden size), LLaMA's the tuple of rotary embeddings; the sequence (20) is
   longer than GPT-Neo's local window (16). GPT-Neo's LM head is tied to its word embedding:
   both stages hold the weight, and their gradients are summed.
+- pipeline 2 x tensor 2 with the vocabulary sharded too (``shard_embedding``, as the
+  harness's ``slapo-megatron`` runs it), kernels on: the family schedule makes the loss the
+  vocabulary-parallel cross entropy (``vocab_parallel_loss``); tracing the root takes it out
+  of the forward and the pipeline's last stage computes it (no ``loss_fn`` given), on the
+  logits each tensor rank holds a vocabulary slice of. GPT-Neo's tied embedding is sharded
+  in both stages that hold it.
 - data 2 x pipeline 2: the GPT-Neo on two replicas, each on half of the batch, weights drawn
   by ``init_weights`` from a different seed on every rank: the replicas and the two copies
   of the tied weight start alike (build broadcasts over the stage's ranks, then from the
@@ -69,19 +75,20 @@ def _full(module, group, grads=True):
             for name, p in module.named_parameters()}
 
 
-def _train(name, dp, pp, tp, init_weights=False, cuts=None, **options):
+def _train(name, dp, pp, tp, init_weights=False, cuts=None, shard_embedding=False, **options):
     topo = slapo.Topology(dp=dp, pp=pp, tp=tp)
     torch.manual_seed(100 + topo.rank)  # init_weights draws differently on every rank
     model = _model(name)
     sch = slapo.create_schedule(model, group=topo.tensor_group)
-    schedule_model(sch, tensor_parallel=True, shard_embedding=False, **options)
+    schedule_model(sch, tensor_parallel=True, shard_embedding=shard_embedding, **options)
     ids, mask, _ = _batch(name, 99, size=2)
     sch.trace(example_inputs={"input_ids": ids, "attention_mask": mask},
               concrete_args={"use_cache": False, "return_dict": False})
     for cut in cuts or [CUTS[name]]:
         sch[cut].cut_pipeline_stage()
+    # a vocabulary-sharded model's loss is the schedule's (vocab-parallel), taken by trace
     pipe, _ = slapo.build(sch, target="pipeline", topology=topo, n_microbatches=2,
-                          loss_fn=causal_loss,
+                          loss_fn=None if shard_embedding else causal_loss,
                           init_weights=model._init_weights if init_weights else False)
     initial = _full(pipe.module, topo.tensor_group, grads=False)
     opt = torch.optim.SGD(pipe.module.parameters(), lr=LR)
@@ -146,6 +153,10 @@ def _errors():
 def _all():
     return {"llama": _train("llama-tiny", dp=1, pp=2, tp=2, kernel_opt=True, ckpt_ratio=0.5),
             "gpt_neo": _train("gpt-neo-tiny", dp=1, pp=2, tp=2, kernel_opt=False),
+            "llama_vocab": _train("llama-tiny", dp=1, pp=2, tp=2, kernel_opt=True,
+                                  shard_embedding=True),
+            "gpt_neo_vocab": _train("gpt-neo-tiny", dp=1, pp=2, tp=2, kernel_opt=True,
+                                    shard_embedding=True),
             "data_parallel": _train("gpt-neo-tiny", dp=2, pp=2, tp=1, init_weights=True,
                                     kernel_opt=True),
             "four_stages": _train("gpt-neo-tiny", dp=1, pp=4, tp=1, kernel_opt=False,
@@ -193,7 +204,9 @@ def _assert_trains_like_plain(runs, name, plain):
         opt.zero_grad()
 
 
-@pytest.mark.parametrize("run,name", [("llama", "llama-tiny"), ("gpt_neo", "gpt-neo-tiny")])
+@pytest.mark.parametrize("run,name", [("llama", "llama-tiny"), ("gpt_neo", "gpt-neo-tiny"),
+                                      ("llama_vocab", "llama-tiny"),
+                                      ("gpt_neo_vocab", "gpt-neo-tiny")])
 def test_pipeline_2_by_tensor_2_trains_like_the_plain_model(ranks, run, name):
     runs = [r[run] for r in ranks]
     assert [r["coords"] for r in runs] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]

@@ -113,3 +113,28 @@ def test_trace_until_stops_at_the_children_of_a_path():
         sch.trace_until("bert.encoder.layer")
     with pytest.raises(ValueError, match="is not the root"):
         sch["bert"].trace_until("encoder.layer")
+
+
+def test_a_vocab_parallel_loss_leaves_the_traced_root_to_the_pipeline():
+    """``vocab_parallel_loss`` wraps the root's forward; tracing the root traces the model's own
+    forward (the logits) and hands the loss to ``build(target="pipeline")``, which computes
+    the same loss from the output; a trace that fails leaves the wrapper in place."""
+    from slapo import state
+    from slapo.op import vocab_parallel_loss
+    from slapo_ae.zoo import build_model, synthetic_batch
+
+    model = build_model("llama-tiny")
+    sch = slapo.create_schedule(model)
+    vocab_parallel_loss(sch, "causal")
+    batch = synthetic_batch("llama-tiny", 2, 12, seed=3)
+    expected = model(**batch).loss
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with pytest.raises(Exception):  # noqa: B017 - any trace error; the wrapper must survive
+        sch.trace(example_inputs={"no_such_input": batch["input_ids"]})
+    assert "forward" in model.__dict__ and state.pipeline_loss(sch) is None
+    torch.testing.assert_close(model(**batch).loss, expected)
+    sch.trace(example_inputs=inputs, concrete_args={"use_cache": False, "return_dict": False})
+    loss_fn = state.pipeline_loss(sch)
+    assert isinstance(sch.mod, fx.GraphModule) and loss_fn is not None
+    output = sch.mod(**inputs)
+    torch.testing.assert_close(loss_fn(output, batch["labels"]), expected, rtol=1e-6, atol=0)

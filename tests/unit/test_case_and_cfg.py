@@ -1,6 +1,7 @@
 """The cfg format (slapo_ae.cfg) and the case model with its one encoding (slapo_ae.case)."""
 import argparse
 import dataclasses
+import json
 
 import pytest
 
@@ -65,7 +66,8 @@ def test_case_is_frozen_and_its_record_names_where_it_was_written():
         case.gpus = 4
     data = case.to_record()
     assert data == {"id": case.id, "mode": "deepspeed", "model": "t5-3b", "gpus": 2,
-                    "nodes": 1, "gpus_per_node": 2, "seq_len": 1024, "dec_seq_len": 512,
+                    "nodes": 1, "gpus_per_node": 2, "pp": 1, "tp": 1, "dp": 2,
+                    "micro_batch": 2, "seq_len": 1024, "dec_seq_len": 512,
                     "batch_size": 4, "batch_expr": "2*n",
                     "ckpt": 1.0, "source": "x.cfg", "line": 1}
     assert case.to_record("other")["id"] == "other"
@@ -169,6 +171,24 @@ def test_known_models_lists_close_matches():
         ("eager bert 2 512 0 3 0", "'3' gives 3 for 2 GPUs, not divisible: eager splits"),
         ("eager bert 99999999999999999999 512 0 8 0", "is more than 65536"),
         ("slapo-kernel bert 2 512 0 3 0", "not divisible"),
+        # 3D settings (key=value tokens after the fields)
+        ("megatron bert 4 512 0 8 0 pq=2", "unknown option 'pq=2' after the 7 fields (known: pp="),
+        ("megatron bert 4 512 0 8 0 pp=2 pp=2", "option pp= is given twice"),
+        ("megatron bert 4 512 0 8 0 pp=two", "pp= 'two' is not an integer"),
+        ("megatron bert 4 512 0 8 0 tp=0", "tp= '0' must be at least 1"),
+        ("megatron bert 4 512 0 8 0 pp=2 extra", "expected 7 fields"),
+        ("deepspeed bert 4 512 0 8 0 pp=2", "pp=2: pipeline/tensor/micro-batch settings are "
+                                            "for megatron and slapo-megatron, not deepspeed"),
+        ("slapo-tp-full bert 4 512 0 8 0 tp=2", "not slapo-tp-full"),
+        ("slapo-megatron bert 4 512 0 8 0 pp=3", "pp=3 does not divide the 4 GPUs"),
+        ("slapo-megatron bert 8 512 0 8 0 pp=2 tp=3", "pp=2 x tp=3 = 6 does not divide the 8"),
+        ("megatron bert 8 512 0 6 0 pp=2 tp=1", "the global batch 6 does not split over 4 "
+                                                "data-parallel replicas"),
+        ("megatron bert 4 512 0 8 0 pp=2 micro=3", "micro=3 does not divide a replica's batch 8"),
+        ("megatron bert 4 512 0 8 0 tp=2 micro=2", "micro=2 needs pp > 1"),
+        ("megatron bert 4 512 0 6 0 pp=4 tp=1", "a replica's batch 6 (global 6 / 1 replicas) "
+                                                "does not split into pp=4 micro-batches"),
+        ("slapo-megatron bert 2,4 512 0 8 0 pp=4", "pp=4 does not divide the 2 GPUs (at 2 GPUs)"),
     ],
 )
 def test_malformed_lines_name_file_and_line(tmp_path, line, says):
@@ -204,3 +224,59 @@ def test_torchscript_and_ablation_modes_parse():
 def test_tensor_parallel_modes_take_any_batch():
     assert parse_cfg_text("slapo-megatron bert 2 512 0 3 0")[0].batch_size == 3
     assert parse_cfg_text("megatron bert 2 512 0 3 0")[0].batch_size == 3
+
+
+def test_3d_tokens_give_the_parallel_layout():
+    text = ("slapo-megatron llama-tiny 4 64 0 8 0 pp=2 tp=2\n"
+            "megatron gpt-neo-tiny 8 64 0 16 0 micro=2 tp=2 pp=2\n"
+            "slapo-megatron llama-tiny 4 64 0 8 0 pp=2\n"
+            "megatron llama-tiny 4 64 0 8 0 tp=2\n"
+            "slapo-megatron llama-tiny 4 64 0 8 0\n")
+    got = [(c.pp, c.tp_size, c.dp_size, c.micro_batch_size, c.n_microbatches)
+           for c in parse_cfg_text(text, "x.cfg")]
+    assert got == [(2, 2, 1, 4, 2), (2, 2, 2, 2, 4), (2, 2, 1, 4, 2), (1, 2, 2, 4, 1),
+                   (1, 4, 1, 8, 1)]
+    ids = [c.id for c in parse_cfg_text(text, "x.cfg")]
+    assert ids == ["slapo-megatron__llama-tiny__g4__p2__t2__s64__b8__c0",
+                   "megatron__gpt-neo-tiny__g8__p2__t2__m2__s64__b16__c0",
+                   "slapo-megatron__llama-tiny__g4__p2__s64__b8__c0",  # tp not given: no t part
+                   "megatron__llama-tiny__g4__t2__s64__b8__c0",
+                   "slapo-megatron__llama-tiny__g4__s64__b8__c0"]  # as before 3D settings
+    # the data-parallel modes: one tensor rank, every GPU a replica
+    eager = parse_cfg_text("eager bert-tiny 4 64 0 8 0")[0]
+    assert (eager.pp, eager.tp_size, eager.dp_size, eager.micro_batch_size) == (1, 1, 4, 2)
+
+
+def test_3d_tokens_round_trip_through_every_encoding():
+    for line in ("megatron gpt-neo-tiny 8 64 0 16 0 pp=2 tp=2 micro=2",
+                 "slapo-megatron llama-tiny 4 64 0 8 0 pp=2",
+                 "megatron llama-tiny 4 64 0 8 0 tp=1"):
+        case = parse_cfg_text(line, "x.cfg")[0]
+        assert to_cfg_line(case) == line
+        job = case.for_run(steps=4, warmup=1, dtype="fp32", device="cpu")
+        assert Case.from_json(job.to_json()) == job
+        assert from_args(run_parser().parse_args(job.to_argv()), "cpu") == job
+    job = parse_cfg_text("megatron gpt-neo-tiny 8 64 0 16 0 pp=2 tp=2 micro=2")[0].for_run(
+        4, 1, "fp32", "cpu")
+    argv = job.to_argv()
+    assert argv[argv.index("--pp") + 1] == "2" and argv[argv.index("--tp") + 1] == "2"
+    assert argv[argv.index("--micro-batch") + 1] == "2"
+    record = job.to_record()
+    assert {k: record[k] for k in ("pp", "tp", "dp", "micro_batch")} == \
+        {"pp": 2, "tp": 2, "dp": 2, "micro_batch": 2}
+    # a case without 3D settings keeps its encodings: no new keys, no new options
+    plain = parse_cfg_text("megatron llama-tiny 4 64 0 8 0")[0].for_run(4, 1, "fp32", "cpu")
+    assert not {"pp", "tp", "micro_batch"} & set(json.loads(plain.to_json()))
+    assert not {"--pp", "--tp", "--micro-batch"} & set(plain.to_argv())
+
+
+def test_3d_settings_from_the_command_line_name_the_flags():
+    args = run_parser().parse_args(["--mode", "megatron", "--model", "m", "--gpus", "4",
+                                    "--seq-len", "8", "--batch-size", "8", "--steps", "2",
+                                    "--warmup", "1", "--pp", "3"])
+    with pytest.raises(CaseError, match=r"^--pp/--tp/--micro-batch: pp=3 does not divide"):
+        from_args(args, "cpu")
+    with pytest.raises(CaseError, match="pp=2 x tp=4 = 8 does not divide the 4 GPUs"):
+        Case.from_json('{"mode": "megatron", "model": "m", "gpus": 4, "seq_len": 8, '
+                       '"dec_seq_len": 0, "batch_size": 8, "batch_expr": "8", "ckpt": null, '
+                       '"pp": 2, "tp": 4}')

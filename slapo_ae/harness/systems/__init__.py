@@ -14,6 +14,11 @@
 | slapo-tp-full     | slapo_tp.py        | + Embedding TP                                      |
 | torchscript       | (here)             | always ``unsupported``                              |
 
+A ``megatron`` or ``slapo-megatron`` case with pipeline stages or data-parallel replicas
+(``Case.is_3d``: ``pp`` > 1, or ``tp`` below the GPUs) runs under the mode's 3D system:
+``megatron_3d.py`` (megatron-core's pipeline schedule and parallel state) and ``slapo_3d.py``
+(Slapo's pipeline on ``torch.distributed.pipelining`` over a ``slapo.Topology``).
+
 The protocol is in :mod:`.base`. Modules are imported lazily: choosing ``eager`` never
 imports DeepSpeed or megatron-core.
 """
@@ -37,6 +42,13 @@ _MODULES = {
 }
 
 
+# The 3D systems of the modes that take pp/tp/micro (Case.is_3d)
+_MODULES_3D = {
+    "megatron": ("megatron_3d", "Megatron3DSystem"),
+    "slapo-megatron": ("slapo_3d", "Slapo3DSystem"),
+}
+
+
 class TorchScriptSystem(System):
     mode = "torchscript"
     description = "the original benchmark's TorchScript mode"
@@ -47,8 +59,12 @@ class TorchScriptSystem(System):
                           "benchmark's TorchScript path does not apply to current PyTorch)")
 
 
-def get_system(mode: str) -> type[System]:
-    """The system class of ``mode``; ``KeyError`` for an unknown mode."""
+def get_system(mode: str, is_3d: bool = False) -> type[System]:
+    """The system class of ``mode`` (its 3D system for a case with ``is_3d``, see above);
+    ``KeyError`` for an unknown mode."""
+    if is_3d and mode in _MODULES_3D:
+        module, name = _MODULES_3D[mode]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
     if mode == "torchscript":
         return TorchScriptSystem
     if mode not in _MODULES:

@@ -59,6 +59,14 @@ class MegatronSystem(TensorParallelTrainer):
         if spec.case.ckpt not in (None, "full", "selective"):
             raise Unsupported(f"megatron takes CKPT full, selective or 0, not {spec.case.ckpt!r}")
 
+    pp_size = 1  # pipeline stages (megatron_3d: the case's pp)
+
+    def cuda_context(self):
+        """Where megatron-core runs code that assumes CUDA (none with TP alone)."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
     # -- building ------------------------------------------------------------------------
     def setup(self) -> None:
         from megatron.core import parallel_state, tensor_parallel
@@ -67,7 +75,8 @@ class MegatronSystem(TensorParallelTrainer):
 
         from .base import hf_overrides
 
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=self.ctx.world_size)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=self.tp_size,
+                                                 pipeline_model_parallel_size=self.pp_size)
         if self.ctx.device.type == "cpu":
             from . import megatron_cpu
 
@@ -80,7 +89,8 @@ class MegatronSystem(TensorParallelTrainer):
         self.hf = hf_config(self.spec.case.model, **hf_overrides(self.spec))
         builder = {"bert": self._bert, "gpt_neo": self._gpt_neo, "llama": self._llama,
                    "t5": self._t5}[self.family]
-        self.model = builder()
+        with self.cuda_context():
+            self.model = builder()
         if self.ctx.device.type == "cuda":
             self.model.cuda(self.ctx.device)
         self.make_optimizer()
@@ -95,7 +105,8 @@ class MegatronSystem(TensorParallelTrainer):
         elif self.spec.case.ckpt == "selective":
             recompute = dict(recompute_granularity="selective")
         return TransformerConfig(
-            tensor_model_parallel_size=self.ctx.world_size,
+            tensor_model_parallel_size=self.tp_size,
+            pipeline_model_parallel_size=self.pp_size,
             use_cpu_initialization=self.ctx.device.type == "cpu",
             params_dtype=torch.float32, pipeline_dtype=torch.float32,
             **recompute, **fields)
@@ -118,10 +129,14 @@ class MegatronSystem(TensorParallelTrainer):
                          share_embeddings_and_output_weights=True, parallel_output=True)
 
     def _gpt(self, config, spec, **kwargs):
+        from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
 
+        # this rank's stage: the embedding on the first, the LM head and loss on the last
         return GPTModel(config=config, transformer_layer_spec=spec,
-                        vocab_size=self.hf.vocab_size, parallel_output=True, **kwargs)
+                        vocab_size=self.hf.vocab_size, parallel_output=True,
+                        pre_process=parallel_state.is_pipeline_first_stage(),
+                        post_process=parallel_state.is_pipeline_last_stage(), **kwargs)
 
     def _gpt_neo(self):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -214,9 +229,17 @@ class MegatronSystem(TensorParallelTrainer):
             cross = torch.zeros(b, 1, t, s, dtype=torch.bool, device=dev)
             loss = self.model(ids, dec_ids, no_mask, causal.expand(b, 1, t, t), cross,
                               lm_labels=labels)
-        else:  # GPT: next-token labels, an explicit causal mask, positions 0..s-1
-            labels = torch.roll(ids, -1, dims=1)
-            pos = torch.arange(s, device=dev).unsqueeze(0).expand(b, s)
-            causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=dev), 1)[None, None]
-            loss = self.model(ids, pos, causal, labels=labels)
+        else:
+            loss = gpt_forward(self.model, ids)
         return loss.float().mean()
+
+
+def gpt_forward(model, ids: torch.Tensor) -> torch.Tensor:
+    """A GPTModel (or one pipeline stage of it) on ``ids`` with next-token labels, an explicit
+    causal mask and positions 0..s-1: the per-token losses on the last stage, else the hidden
+    states the next stage takes."""
+    b, s = ids.shape
+    labels = torch.roll(ids, -1, dims=1)
+    pos = torch.arange(s, device=ids.device).unsqueeze(0).expand(b, s)
+    causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=ids.device), 1)[None, None]
+    return model(ids, pos, causal, labels=labels)

@@ -18,6 +18,16 @@ megatron-core's tensor-parallel layers run on CPU as they are (with
    first use: wrapped so that, during that call only, the current device reads as the CPU.
 
 ``install`` is called once per process, after ``initialize_model_parallel``, on CPU only.
+
+Pipeline parallelism (``megatron`` with pp > 1, :mod:`.megatron_3d`) touches CUDA in more
+places: the schedule counts tokens in ``torch.zeros([], device="cuda")``, the p2p
+communicator receives into ``torch.empty(..., device=torch.cuda.current_device())``, and a
+last stage holding a copy of a tied embedding moves it with ``weight.data.cuda()`` before the
+all-reduce that copies the first stage's values. :func:`cuda_as_cpu` runs a block (the model
+build, each forward-backward) with CUDA read as the CPU: a ``TorchFunctionMode`` that turns a
+``cuda`` device argument into ``cpu`` and ``Tensor.cuda()`` into the tensor itself, and
+``torch.cuda.current_device`` answering ``"cpu"``. The p2p transfers themselves are gloo's
+``isend``/``irecv`` (``batch_p2p_comm=False``: batched p2p ends in ``torch.cuda.synchronize``).
 """
 from __future__ import annotations
 
@@ -108,3 +118,37 @@ def install(seed: int, tp_rank: int) -> None:
     tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
     tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024)
+
+
+def _cuda_to_cpu_mode():
+    from torch.overrides import TorchFunctionMode
+
+    def on_cpu(device):
+        if isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda":
+            return torch.device("cpu")
+        return device
+
+    class CudaAsCPU(TorchFunctionMode):
+        """``device="cuda"`` arguments become the CPU; ``Tensor.cuda()`` keeps the tensor."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.Tensor.cuda:
+                return args[0]
+            if "device" in kwargs:
+                kwargs = {**kwargs, "device": on_cpu(kwargs["device"])}
+            return func(*args, **kwargs)
+
+    return CudaAsCPU()
+
+
+@contextlib.contextmanager
+def cuda_as_cpu():
+    """Run the block with CUDA read as the CPU (see the module docstring)."""
+    saved = torch.cuda.current_device
+    torch.cuda.current_device = lambda: "cpu"
+    try:
+        with _cuda_to_cpu_mode():
+            yield
+    finally:
+        torch.cuda.current_device = saved

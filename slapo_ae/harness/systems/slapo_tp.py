@@ -27,18 +27,21 @@ def scheduled_model(spec, ctx, notes: list[str], trains_on=None, **options):
     return slapo.build_module(schedule(spec, ctx, notes, trains_on, **options))
 
 
-def schedule(spec, ctx, notes: list[str], trains_on=None, **options):
+def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **options):
     """Build the zoo model on this rank's device and apply its Slapo schedule; returns the
     schedule. ``notes`` gets the kernels the schedule's ops pick on the device it trains on
-    (``trains_on``, default ``ctx.device``; see ``slapo.op.kernel_choices``)."""
+    (``trains_on``, default ``ctx.device``; see ``slapo.op.kernel_choices``). With a
+    ``slapo.Topology`` (:mod:`.slapo_3d`) the schedule shards over its tensor group, else
+    over all ranks."""
     import slapo
     from slapo.model_schedule import schedule_model
     from slapo.op import kernel_choices
     from slapo.random import manual_seed
 
     model = build_hf_model(spec, ctx.device)
-    manual_seed(spec.case.seed, ctx.rank if options.get("tensor_parallel") else 0)
-    sch = slapo.create_schedule(model)
+    tensor_rank = topology.tensor_rank if topology is not None else ctx.rank
+    manual_seed(spec.case.seed, tensor_rank if options.get("tensor_parallel") else 0)
+    sch = slapo.create_schedule(model, group=topology.tensor_group if topology else None)
     ratio = float(spec.case.ckpt or 0.0)
     try:
         schedule_model(sch, ckpt_ratio=ratio, **options)
