@@ -179,7 +179,8 @@ def test_existing_profiles_keep_every_case_on_one_node():
 
 def test_multinode_profile_is_figure8_on_nodes_of_eight():
     settings = plan.resolve({**CONFIG, "profile": "multinode", "gpus": 8})
-    assert (settings["device"], settings["dtype"], settings["steps"]) == ("cuda", "fp16", 40)
+    # bf16: the pipelined systems record fp16 as unsupported (no loss scaling in the schedule)
+    assert (settings["device"], settings["dtype"], settings["steps"]) == ("cuda", "bf16", 40)
     cases = plan.load_cases(settings, REPO)
     assert cases["e2e"] == {} and cases["ablation"] == {}
     found = list(cases["multinode"].values())
@@ -190,6 +191,9 @@ def test_multinode_profile_is_figure8_on_nodes_of_eight():
     assert {c.gpus_per_node for c in found} == {8}
     assert {(c.seq_len, c.batch_size) for c in found} == {(1024, 256)}
     assert all(f"__g{c.gpus}__n{c.nodes}__" in c.id for c in found)
+    pipelined = [c for c in found if c.mode != "deepspeed"]
+    assert {(c.pp, c.tp_size, c.micro_batch_size) for c in pipelined} == {(2, 8, 4)}
+    assert "megatron__llama-7b__g16__n2__p2__t8__m4__s1024__b256__c0" in cases["multinode"]
 
 
 def test_cpu_multinode_profile_is_two_nodes_of_two_ranks():
@@ -199,6 +203,8 @@ def test_cpu_multinode_profile_is_two_nodes_of_two_ranks():
     assert {c.model for c in found} == {"gpt-neo-tiny", "llama-tiny"}
     assert {c.mode for c in found} == {"megatron", "deepspeed", "slapo-megatron"}
     assert {(c.gpus, c.nodes, c.gpus_per_node) for c in found} == {(4, 2, 2)}
+    assert {(c.pp, c.tp_size, c.dp_size, c.micro_batch_size) for c in found
+            if c.mode != "deepspeed"} == {(2, 2, 1, 2)}
 
 
 def test_nodes_come_from_the_profiles_gpus_per_node(tmp_path):
