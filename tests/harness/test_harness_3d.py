@@ -11,7 +11,9 @@ launches), and the cases they cannot run recorded as ``unsupported`` before any 
   The gradients themselves are compared with the plain model's in
   tests/static/test_static_3d.py, on the same schedule (vocabulary-sharded, kernels on).
 - ``megatron`` pipeline 2 x tensor 2 (LLaMA) and data 2 x pipeline 2 (GPT-Neo, its tied
-  embedding in both stages): megatron-core's own pipeline schedule on gloo, ok records.
+  embedding in both stages): megatron-core's own pipeline schedule on gloo, ok records; and
+  data 2 x tensor 2 (LLaMA), whose losses follow tensor 2 alone on 2 ranks to 1e-5 (the
+  same weights: megatron-core draws them alike without a pipeline).
 
 The launches run once per module (each 30 to 120 s on a loaded 2-core machine), hence
 ``slow``.
@@ -38,8 +40,11 @@ CASES = {  # name: (options, expected (pp, tp, dp, micro_batch, n_microbatches))
                                 "--pp", "2", "--tp", "2"], (2, 2, 1, 4, 2)),
     "megatron-neo-dp2-pp2": (["--mode", "megatron", "--model", "gpt-neo-tiny", "--gpus", "4",
                               "--pp", "2", "--tp", "1"], (2, 1, 2, 2, 2)),
+    "megatron-llama-dp2-tp2": (["--mode", "megatron", "--model", "llama-tiny", "--gpus", "4",
+                                "--tp", "2"], (1, 2, 2, 4, 1)),
 }
-PLAIN = ["--mode", "eager", "--model", "llama-tiny", "--gpus", "2"]
+PLAIN = {"eager-llama": ["--mode", "eager", "--model", "llama-tiny", "--gpus", "2"],
+         "megatron-llama-tp2": ["--mode", "megatron", "--model", "llama-tiny", "--gpus", "2"]}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +52,8 @@ def records(tmp_path_factory):
     root = tmp_path_factory.mktemp("records")
     out = {name: run_case(root / f"{name}.json", *args, *RUN)[1]
            for name, (args, _) in CASES.items()}
-    out["eager-llama"] = run_case(root / "eager.json", *PLAIN, *RUN)[1]
+    for name, args in PLAIN.items():
+        out[name] = run_case(root / f"{name}.json", *args, *RUN)[1]
     return out
 
 
@@ -59,7 +65,9 @@ def test_3d_case_writes_an_ok_record_with_its_layout(records, name):
     case, m = record.case, record.metrics
     assert {k: case[k] for k in ("gpus", "pp", "tp", "dp", "micro_batch", "batch_size")} == \
         {"gpus": 4, "pp": pp, "tp": tp, "dp": dp, "micro_batch": micro, "batch_size": 8}
-    assert f"__p{pp}__" in case["id"]
+    # the id names the settings given (tp only when --tp was)
+    assert (f"__p{pp}__" in case["id"]) == (pp > 1)
+    assert (f"__t{tp}__" in case["id"]) == ("--tp" in CASES[name][0])
     assert {k: m.extra[k] for k in ("pp_size", "tp_size", "dp_size", "micro_batch",
                                     "n_microbatches")} == \
         {"pp_size": pp, "tp_size": tp, "dp_size": dp, "micro_batch": micro,
@@ -76,6 +84,16 @@ def test_slapo_3d_losses_follow_the_plain_model(records):
     plain = records["eager-llama"]
     assert plain.status == "ok", plain.reason
     for got, want in zip(records["slapo-llama-pp2-tp2"].metrics.loss, plain.metrics.loss,
+                         strict=True):
+        assert abs(got - want) <= LOSS_RTOL * abs(want), (got, want)
+
+
+def test_megatron_replicas_train_like_one(records):
+    """megatron-core TP 2 on 2 replicas (each half the batch, gradients averaged over the
+    data-parallel group after the schedule) follows TP 2 alone on the whole batch."""
+    alone = records["megatron-llama-tp2"]
+    assert alone.status == "ok", alone.reason
+    for got, want in zip(records["megatron-llama-dp2-tp2"].metrics.loss, alone.metrics.loss,
                          strict=True):
         assert abs(got - want) <= LOSS_RTOL * abs(want), (got, want)
 

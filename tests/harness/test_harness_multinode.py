@@ -56,12 +56,25 @@ def test_torchrun_meets_the_other_nodes_at_the_endpoint():
     assert torchrun_command(RunSpec(case=_case(), out="r.json"))[3] == "--standalone"
 
 
-def test_two_localhost_nodes_train_one_case(tmp_path):
+ZERO3 = "--model", "bert-tiny", "--gpus", "2", "--batch-size", "4"
+
+
+@pytest.mark.parametrize("mode, case, ends", [
+    ("eager", ZERO3, "__g2__n2__s16__b4__c0"),
+    # DeepSpeed ZeRO-3 across nodes, as the paper's Figure 8 baseline ran it
+    pytest.param("deepspeed", ZERO3, "__g2__n2__s16__b4__c0", marks=pytest.mark.slow),
+    pytest.param("slapo-deepspeed", ZERO3, "__g2__n2__s16__b4__c0", marks=pytest.mark.slow),
+    # Slapo 3D with one pipeline stage per node (Figure 8's layout: stages across nodes)
+    pytest.param("slapo-megatron", ("--model", "llama-tiny", "--gpus", "4", "--pp", "2",
+                                    "--tp", "2", "--batch-size", "8"),
+                 "__g4__n2__p2__t2__s16__b8__c0", marks=pytest.mark.slow),
+])
+def test_two_localhost_nodes_train_one_case(tmp_path, mode, case, ends):
     endpoint = f"127.0.0.1:{_free_port()}"
     cmd = [sys.executable, "-m", "slapo_ae.harness.cli", "run", "--device", "cpu",
-           "--mode", "eager", "--model", "bert-tiny", "--gpus", "2", "--nodes", "2",
-           "--seq-len", "16", "--batch-size", "4", "--steps", "3", "--warmup", "1",
-           "--cores", "1", "--rdzv-endpoint", endpoint, "--timeout", "600"]
+           "--mode", mode, *case, "--nodes", "2",
+           "--seq-len", "16", "--steps", "3", "--warmup", "1",
+           "--rdzv-endpoint", endpoint, "--timeout", "600"]
     outs = [tmp_path / f"node{i}" / "record.json" for i in range(2)]
     nodes = [subprocess.Popen(cmd + ["--out", str(out)], cwd=REPO, env=env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -74,6 +87,16 @@ def test_two_localhost_nodes_train_one_case(tmp_path):
     assert "this node's ranks finished; the node of rank 0 writes the record" in quiet
     record = read_record(written[0])
     assert record.status == "ok", record.reason
-    assert (record.case["nodes"], record.case["gpus_per_node"], record.case["gpus"]) == (2, 1, 2)
-    assert record.case["id"].endswith("__g2__n2__s16__b4__c0")
-    assert len(record.metrics.peak_mem_bytes) == 2  # both nodes' ranks reported
+    gpus = int(case[case.index("--gpus") + 1])
+    assert (record.case["nodes"], record.case["gpus_per_node"], record.case["gpus"]) == \
+        (2, gpus // 2, gpus)
+    assert record.case["id"].endswith(ends)
+    assert len(record.metrics.peak_mem_bytes) == gpus  # both nodes' ranks reported
+    if mode in ("deepspeed", "slapo-deepspeed"):  # ZeRO-3 partitions over both nodes' ranks
+        from slapo_ae.zoo import build_model
+
+        whole = sum(p.numel() for p in build_model("bert-tiny").parameters())
+        assert record.metrics.extra["dp_size"] == 2
+        assert max(record.metrics.params) < 0.6 * whole < sum(record.metrics.params)
+    if mode == "slapo-megatron":
+        assert (record.case["pp"], record.case["tp"], record.case["dp"]) == (2, 2, 1)
