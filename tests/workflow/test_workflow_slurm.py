@@ -1,6 +1,7 @@
 """Cases as Slurm jobs: three real CPU cases (the harness CLI, tiny BERT on 1 and 2 ranks)
 submitted through ``workflow/profiles/slurm-local`` to a running Slurm cluster, then the
-aggregate CSV; and a case on two "nodes" through ``scripts/srun_case.sh``. Needs the cluster
+aggregate CSV; a case on two "nodes" through ``scripts/srun_case.sh`` by hand, and one as a
+workflow job of two tasks. Needs the cluster
 of ``scripts/slurm_local.sh start`` (``.ci/run`` starts it); skips, saying why, where none
 answers."""
 import importlib.util
