@@ -1,4 +1,4 @@
-# The artifact-evaluation workflow of Slapo (ASPLOS'24): Figure 7, Figure 9, Table 4 and the
+# The artifact-evaluation workflow of Slapo (ASPLOS'24): Figures 7, 8 and 9, Table 4 and the
 # paper's claims, for the cases of the active profile (configs/config.yaml).
 #
 #   snakemake --workflow-profile workflow/profiles/default          everything (rule all)
@@ -14,6 +14,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/cases.smk"
 include: "workflow/rules/e2e.smk"
 include: "workflow/rules/ablation.smk"
+include: "workflow/rules/multinode.smk"
 include: "workflow/rules/loc.smk"
 include: "workflow/rules/claims.smk"
 include: "workflow/rules/tests.smk"
@@ -26,6 +27,8 @@ rule all:
         "figures/e2e.pdf",
         "results/ablation.csv",
         "figures/ablation.pdf",
+        "results/multinode.csv",
+        "figures/multinode.pdf",
         "results/loc.csv",
         "figures/table4.md",
         "figures/table4.tex",
@@ -35,4 +38,5 @@ rule all:
         # it), where as an intermediate file alone Snakemake would leave it missing
         records("e2e"),
         records("ablation"),
+        records("multinode"),
     default_target: True

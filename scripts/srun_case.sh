@@ -9,9 +9,19 @@
 # The options are those of `slapo-bench run` but --nodes and --rdzv-endpoint, which this
 # script sets: the case's nodes are the allocation's (SLURM_JOB_NUM_NODES), or SLAPO_CASE_NODES
 # tasks on fewer machines (a test on a one-machine cluster; the tasks then share the nodes).
-# SLAPO_RDZV_PORT (default 29400) is the rendezvous port on the first node.
+# SLAPO_RDZV_PORT (default 29400) is the rendezvous port on the first node. SLAPO_HARNESS is
+# the harness command each task runs (default .venv/bin/slapo-bench; the workflow's case runner
+# passes its own, words split on spaces).
 set -euo pipefail
-: "${SLURM_JOB_NUM_NODES:?run inside a Slurm allocation (sbatch or salloc)}"
+: "${SLURM_JOB_ID:?run inside a Slurm allocation (sbatch or salloc)}"
+# The job step of Snakemake's Slurm plugin keeps only the job's id of the SLURM_* variables:
+# ask Slurm for the job's nodes then
+if [[ -z ${SLURM_JOB_NUM_NODES:-} || -z ${SLURM_JOB_NODELIST:-} ]]; then
+  job=$(scontrol show job --oneliner "$SLURM_JOB_ID")
+  SLURM_JOB_NUM_NODES=$(sed -n 's/.* NumNodes=\([0-9]*\).*/\1/p' <<< "$job")
+  SLURM_JOB_NODELIST=$(sed -n 's/.* NodeList=\([^ ]*\).*/\1/p' <<< "$job")
+  : "${SLURM_JOB_NUM_NODES:?cannot read the nodes of job $SLURM_JOB_ID from scontrol}"
+fi
 cd "$(dirname "$0")/.."
 nodes=${SLAPO_CASE_NODES:-$SLURM_JOB_NUM_NODES}
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
@@ -21,5 +31,6 @@ if (( nodes == SLURM_JOB_NUM_NODES )); then
 else
   spread=(--ntasks "$nodes" --overlap)
 fi
+read -ra harness <<< "${SLAPO_HARNESS:-.venv/bin/slapo-bench}"
 exec srun "${spread[@]}" --kill-on-bad-exit=1 \
-  .venv/bin/slapo-bench run --nodes "$nodes" --rdzv-endpoint "$head:$port" "$@"
+  "${harness[@]}" run --nodes "$nodes" --rdzv-endpoint "$head:$port" "$@"

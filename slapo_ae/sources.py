@@ -6,7 +6,8 @@ package that owns the files (the planner only asks).
   and its model's JSON config. A Slapo mode also runs ``slapo/model_schedule``: its shared
   modules and its own family's schedule, which ``slapo.model_schedule`` names after the
   model type (``bert.py``), so that editing ``bert.py`` reruns the BERT cases of Slapo modes
-  and nothing else.
+  and nothing else. A case on several nodes also runs ``scripts/srun_case.sh`` (under Slurm,
+  the one way its agents start there).
 - An analysis step (CSV, figure, Table 4, claims) runs its module of ``slapo_ae/analysis`` and
   the modules that one imports (:data:`ANALYSIS_STEPS`, checked against the imports by
   ``tests/unit/test_layout.py``); ``gaps`` and ``recheck`` also run cases again, so the case
@@ -28,6 +29,7 @@ SCHEDULES = "slapo/model_schedule"
 # package imports apply_schedule's module); every other module there is one family's schedule
 SHARED_SCHEDULE_MODULES = ("__init__.py", "common.py", "api.py")
 NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis")  # planning and analysis, not a case
+SRUN_CASE = "scripts/srun_case.sh"  # how the agents of a case on several nodes start under srun
 # The modules of slapo_ae each analysis step imports (module-level), its own first.
 ANALYSIS_STEPS = {
     "aggregate": ("analysis/aggregate", "atomic", "paths", "zoo/configs"),
@@ -91,6 +93,8 @@ def case_sources(case, root: Path | str = paths.ROOT, code: list[str] | None = N
             family = None
         mine = {f"{SCHEDULES}/{name}" for name in (*SHARED_SCHEDULE_MODULES, f"{family}.py")}
         files += [f for f in _py_files(root, SCHEDULES) if f in mine]
+    if case.nodes > 1:
+        files.append(SRUN_CASE)
     return files
 
 

@@ -16,9 +16,17 @@ Rerun semantics (what Snakemake sees of a case):
 - the code a case runs is its ``input``, as the artifact package says
   (:func:`slapo_ae.sources.case_sources`): editing a family's schedule reruns the cases of
   Slapo modes on that family and nothing else.
+
+Cases on several nodes: a profile with ``gpus_per_node`` (the GPUs of one machine of the
+cluster it is written for) spreads a case of more GPUs over ``gpus // gpus_per_node`` nodes
+(:func:`spread_over_nodes`; the case id gains ``__n<nodes>``). How their agents start is the
+config's ``nodes_via`` (``local``: all on this machine; ``srun``: one per node of the case's
+Slurm job), which the case runner reads from the environment (:func:`export_nodes_via`); the
+Slurm resources that ask for the nodes are :func:`node_resources`.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -26,10 +34,15 @@ from pathlib import Path
 from slapo_ae import gpus
 from slapo_ae.case import Case
 from slapo_ae.cfg import CfgError, parse_cfg
-from slapo_ae.harness.runner import GRACE_S, SLOTS_DIR_ENV, SLOTS_TOTAL_ENV  # a light module
+from slapo_ae.harness.runner import (  # a light module
+    GRACE_S,
+    NODES_VIA_ENV,
+    SLOTS_DIR_ENV,
+    SLOTS_TOTAL_ENV,
+)
 from slapo_ae.zoo.configs import list_models
 
-EXPERIMENTS = ("e2e", "ablation")
+EXPERIMENTS = ("e2e", "ablation", "multinode")
 PROFILE_BY_GPUS = ((8, "paper"), (1, "gpu1"), (0, "cpu"))  # (at least this many GPUs, profile)
 
 
@@ -49,7 +62,8 @@ def auto_profile(gpus: int) -> str:
 
 def resolve(config: dict, env: dict | None = None) -> dict:
     """The settings of the active profile, completed: ``{"name", "gpus_available", "device",
-    "dtype", "steps", "warmup", "timeout", "max_gpus", "experiments": {exp: [cfg, ...]}}``.
+    "dtype", "steps", "warmup", "timeout", "max_gpus", "gpus_per_node", "experiments": {exp:
+    [cfg, ...]}}`` (``gpus_per_node`` None: every case on one node).
 
     ``config["gpus"]``: ``"auto"`` (detect) or a number; ``config["profile"]``: ``"auto"`` or
     a key of ``config["profiles"]``.
@@ -69,6 +83,7 @@ def resolve(config: dict, env: dict | None = None) -> dict:
                         f"({settings['steps']}): no timed step would remain")
     settings["gpus_available"] = count
     settings.setdefault("max_gpus", max(count, 1))
+    settings.setdefault("gpus_per_node", None)
     settings["experiments"] = {exp: list(settings.get("experiments", {}).get(exp, []))
                                for exp in EXPERIMENTS}
     return settings
@@ -77,7 +92,8 @@ def resolve(config: dict, env: dict | None = None) -> dict:
 # ----------------------------------------------------------------------------- cases
 
 def load_cases(settings: dict, root: Path | str = ".") -> dict[str, dict[str, Case]]:
-    """``{experiment: {case_id: Case}}`` of the profile's cfg files, in file order.
+    """``{experiment: {case_id: Case}}`` of the profile's cfg files, in file order, each case
+    spread over the nodes its GPUs need (:func:`spread_over_nodes`).
 
     Raises :class:`PlanError` listing every bad line (``file:line: ...``) and any case id that
     two cfg files of one experiment both define.
@@ -98,6 +114,11 @@ def load_cases(settings: dict, root: Path | str = ".") -> dict[str, dict[str, Ca
                 errors.extend(e.replace(str(path), cfg, 1) for e in err.errors)
                 continue
             for case in parsed:
+                try:
+                    case = spread_over_nodes(case, settings)
+                except PlanError as err:
+                    errors.append(f"{cfg}:{case.line}: {err}")
+                    continue
                 if case.id in cases[exp]:
                     first = cases[exp][case.id]
                     errors.append(f"{cfg}:{case.line}: duplicate case {case.id} "
@@ -107,6 +128,19 @@ def load_cases(settings: dict, root: Path | str = ".") -> dict[str, dict[str, Ca
     if errors:
         raise PlanError("\n".join(errors))
     return cases
+
+
+def spread_over_nodes(case: Case, settings: dict) -> Case:
+    """``case`` on the nodes its GPUs fill: ``gpus // gpus_per_node`` of the profile's
+    ``gpus_per_node``, one where the case fits one node or the profile names no node size.
+    :class:`PlanError` when the GPUs do not fill whole nodes."""
+    per_node = settings.get("gpus_per_node")
+    if not per_node or case.gpus <= per_node:
+        return case
+    if case.gpus % per_node:
+        raise PlanError(f"{case.gpus} GPUs do not fill whole nodes of {per_node} (gpus_per_node "
+                        f"of profile {settings['name']})")
+    return dataclasses.replace(case, nodes=case.gpus // per_node)
 
 
 def check_yaml(path: str | Path) -> None:
@@ -160,22 +194,59 @@ def threads(case: Case, settings: dict, cores: int | None) -> int:
 
     On CPU all of them, so that cases run one at a time and none measures beside another's
     start-up or steps (docs/workflow.md, "Measurements the claims stand on"). On CUDA the
-    share of the cores that the case's GPUs are of the machine's, at least one.
+    share of the cores that the case's GPUs on one node are of the machine's, at least one
+    (on each node of a case on several).
     """
     cores = cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
     if settings["device"] == "cpu":
         return cores
-    gpus_available = max(int(settings.get("gpus_available") or 0), case.gpus, 1)
-    return max(1, cores * case.gpus // gpus_available)
+    gpus_available = max(int(settings.get("gpus_available") or 0), case.gpus_per_node, 1)
+    return max(1, cores * case.gpus_per_node // gpus_available)
 
 
 def rank_cores(case: Case, settings: dict, cores: int | None) -> int:
-    """Cores a case's ranks share (the harness's ``--cores``; each rank runs
+    """Cores the ranks of a case on one node share (the harness's ``--cores``; each rank runs
     ``max(1, rank_cores // ranks)`` threads, :mod:`slapo_ae.harness.threads`): on CPU one per rank,
     a rank standing for a GPU; on CUDA all the job holds (:func:`threads`)."""
     if settings["device"] == "cpu":
-        return case.gpus
+        return case.gpus_per_node
     return threads(case, settings, cores)
+
+
+NODE_RESOURCES = ("nodes", "tasks", "mpi", "tasks_per_gpu", "cpus_per_task", "gres")
+
+
+def node_resources(case: Case, settings: dict, config: dict, cores: int | None) -> dict:
+    """The resources that ask the executor for the nodes of a case on several nodes, keyed by
+    :data:`NODE_RESOURCES`; None where not needed (Snakemake drops them), so one-node jobs are
+    as before. ``nodes``: the case's nodes, or at most the config's ``max_job_nodes`` (the
+    cluster's machines; the agents then share them). With ``nodes_via: srun`` the job is one
+    Slurm task per agent: ``tasks``, and ``mpi`` so that the executor plugin runs the job's
+    command as it is (it calls srun itself, ``scripts/srun_case.sh``) instead of inside
+    ``srun -n1``; ``cpus_per_task`` the cores of one agent; on CUDA ``gres`` asks for each
+    machine's GPUs and ``tasks_per_gpu`` 0 keeps the plugin from deriving a task count per GPU
+    from ``tasks``."""
+    found = dict.fromkeys(NODE_RESOURCES)
+    if case.nodes == 1:
+        return found
+    limit = int(config.get("max_job_nodes") or 0)
+    machines = min(case.nodes, limit) if limit > 0 else case.nodes
+    found["nodes"] = machines
+    if config.get("nodes_via", "local") != "srun":
+        return found
+    agents_per_machine = -(-case.nodes // machines)
+    found.update(tasks=case.nodes, mpi="srun",
+                 cpus_per_task=max(1, threads(case, settings, cores) // agents_per_machine))
+    if settings["device"] == "cuda":
+        found.update(gres=f"gpu:{case.gpus // machines}", tasks_per_gpu=0)
+    return found
+
+
+def gpu_request(case: Case, settings: dict) -> int | None:
+    """The ``gpu`` resource (the Slurm plugin's ``--gpus``, all of the job's GPUs): the
+    ``gpus`` resource for a case on one node; None on several, whose GPUs are asked per
+    machine (``gres``, :func:`node_resources`)."""
+    return gpus_resource(case, settings) if case.nodes == 1 else None
 
 
 def python_on_path() -> None:
@@ -198,6 +269,13 @@ def export_slots(config: dict, settings: dict) -> None:
     else:
         os.environ.pop(SLOTS_DIR_ENV, None)
         os.environ.pop(SLOTS_TOTAL_ENV, None)
+
+
+def export_nodes_via(config: dict) -> None:
+    """Tell the case runners where the agents of a case on several nodes run (the config's
+    ``nodes_via``; an environment variable, not a param: running the same cases under
+    Slurm reruns nothing)."""
+    os.environ[NODES_VIA_ENV] = str(config.get("nodes_via") or "local")
 
 
 def runtime_minutes(settings: dict) -> int:

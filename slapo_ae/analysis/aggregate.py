@@ -1,14 +1,18 @@
-"""Records -> one tidy table per experiment (``results/e2e.csv``, ``results/ablation.csv``).
+"""Records -> one tidy table per experiment (``results/e2e.csv``, ``results/ablation.csv``,
+``results/multinode.csv``).
 
-One row per case record, whatever its status (failures are data): the case's fields, its
-status and reason, throughput (median samples/s of the timed steps and its spread), TFLOPS per
-GPU, MFU, the largest rank's peak memory, and where it was measured (device, host, package
-versions, commit). The experiment and profile come from the record's path,
-``results/<experiment>/<profile>/<case-id>.json``.
+One row per case record, whatever its status (failures are data): the case's fields (with its
+nodes, GPUs per node and, where the case has them, its pipeline x tensor x data layout and
+micro-batch), its status and reason, throughput (median samples/s of the timed steps and its
+spread), TFLOPS per GPU, MFU, the largest rank's peak memory, and where it was measured
+(device, host, package versions, commit). The experiment and profile come from the record's
+path, ``results/<experiment>/<profile>/<case-id>.json``. ``slapo-megatron`` with pipeline
+stages is labelled Slapo-3D, without them Slapo-TP.
 
 The ablation table adds each step's place in Figure 9 and its speedup over Vanilla.
 
     python -m slapo_ae.analysis.aggregate --experiment e2e --out results/e2e.csv REC.json ...
+    python -m slapo_ae.analysis.aggregate --experiment multinode --out results/multinode.csv ...
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from slapo_ae.zoo import configs
 SYSTEMS = ("megatron", "deepspeed", "slapo-megatron", "slapo-deepspeed")  # Figure 7's bars
 SYSTEM_LABELS = {"megatron": "Megatron-LM", "deepspeed": "DeepSpeed ZeRO-3",
                  "slapo-megatron": "Slapo-TP", "slapo-deepspeed": "Slapo-ZeRO3"}
+MULTINODE_SYSTEMS = ("megatron", "deepspeed", "slapo-megatron")  # Figure 8's bars
 BASELINES = ("megatron", "deepspeed")
 SLAPO_SYSTEMS = ("slapo-megatron", "slapo-deepspeed")
 ABLATION_STEPS = ("eager", "slapo-kernel", "slapo-tp-attn-ffn", "slapo-tp-full")  # Figure 9
@@ -30,6 +35,7 @@ ABLATION_LABELS = {"eager": "Vanilla", "slapo-kernel": "+ Kernel Opt",
 
 COLUMNS = [
     "experiment", "profile", "case_id", "mode", "system", "model", "model_label", "gpus",
+    "nodes", "gpus_per_node", "pp", "tp", "dp", "micro_batch",
     "seq_len", "dec_seq_len", "batch_size", "ckpt", "status", "reason", "samples_per_s",
     "samples_per_s_min", "samples_per_s_max", "samples_per_s_q1", "samples_per_s_q3",
     "samples_per_s_iqr", "samples_per_s_stdev",
@@ -38,6 +44,15 @@ COLUMNS = [
     "started_at", "finished_at", "log_path", "record",
 ]
 ABLATION_COLUMNS = ["step", "step_label", "speedup_vs_vanilla"]
+
+
+def system_label(mode: str, pp=None) -> str:
+    """The label of a system in tables and figures: Slapo-TP, or Slapo-3D where
+    ``slapo-megatron`` has pipeline stages (``pp`` > 1); an ablation step's label; else the
+    mode."""
+    if mode == "slapo-megatron" and (pp or 1) > 1:
+        return "Slapo-3D"
+    return SYSTEM_LABELS.get(mode, ABLATION_LABELS.get(mode, mode))
 
 
 def record_row(path) -> dict:
@@ -55,10 +70,14 @@ def record_row(path) -> dict:
         "profile": parts[-2] if len(parts) >= 3 else None,
         "case_id": case.get("id") or Path(path).stem,
         "mode": mode,
-        "system": SYSTEM_LABELS.get(mode, ABLATION_LABELS.get(mode, mode)),
+        "system": system_label(mode, case.get("pp")),
         "model": case.get("model"),
         "model_label": configs.paper_label(case.get("model", "")),
         "gpus": case.get("gpus"),
+        "nodes": case.get("nodes", 1),
+        "gpus_per_node": case.get("gpus_per_node", case.get("gpus")),
+        # the parallel layout, where the record has it (cases of the 3D interface)
+        **{key: case.get(key) for key in ("pp", "tp", "dp", "micro_batch")},
         "seq_len": case.get("seq_len"),
         "dec_seq_len": case.get("dec_seq_len"),
         "batch_size": case.get("batch_size"),
@@ -129,7 +148,8 @@ def write_csv(df, out) -> Path:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Aggregate case records into one CSV.")
-    parser.add_argument("--experiment", choices=("e2e", "ablation"), required=True)
+    parser.add_argument("--experiment", choices=("e2e", "ablation", "multinode"),
+                        required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("records", nargs="*")
     args = parser.parse_args(argv)

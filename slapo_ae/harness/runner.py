@@ -2,6 +2,7 @@
 
     python -m slapo_ae.harness.runner --case JSON --timeout S --out REC.json \\
         --log CASE.log [--harness "python -m slapo_ae.harness.cli"] [--slots-dir D --slots-total T]
+        [--nodes-via local|srun]
 
 ``--case`` is the case with its run settings (:meth:`slapo_ae.case.Case.to_json`, the job's
 params), ``--timeout`` its time limit in seconds. GPU slots come from ``--slots-dir`` and
@@ -22,6 +23,20 @@ params), ``--timeout`` its time limit in seconds. GPU slots come from ``--slots-
    ``failed`` record itself, with the reason and the log path: failures are data, and a
    failing case never stops the figures of the others.
 
+A case on several nodes (``nodes`` > 1) runs one harness (one torchrun agent) per node, all
+meeting at one c10d rendezvous (``slapo-bench run --nodes K --rdzv-endpoint HOST:PORT``); the
+agent that hosts rank 0 writes the record. ``--nodes-via`` (default ``$SLAPO_NODES_VIA``, which
+the workflow's planner sets from the config, else ``local``) says where the agents run:
+
+- ``local``: all K on this machine, at a free port of 127.0.0.1, supervised together
+  (:func:`~slapo_ae.harness.supervise.supervise_all`: when one fails the others are
+  stopped); agent ``i`` > 0 logs to ``CASE.node<i>.log`` beside the case log, and on CUDA each
+  takes its own share of the GPUs the runner was given;
+- ``srun``: one per node of the Slurm job this runs in, through ``scripts/srun_case.sh``
+  (``SLAPO_CASE_NODES`` = K, so a job on fewer machines runs the agents as tasks on them).
+
+The timeout, the interrupt handling and the one record are the same as for one node.
+
 If the runner itself is interrupted (SIGINT/SIGTERM/SIGHUP, e.g. Snakemake being stopped, or
 killed: the runner asks for its parent's death signal), it stops the harness and exits
 128 + signal without writing a record, so the case reruns next time. Records
@@ -32,6 +47,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import socket
 import sys
 import tempfile
 import time
@@ -41,7 +57,7 @@ from slapo_ae import gpus, paths
 from slapo_ae.case import Case, CaseError
 from slapo_ae.harness.gpu_slots import GpuSlots
 from slapo_ae.harness.launch import OFFLINE_ENV as HARNESS_OFFLINE_ENV
-from slapo_ae.harness.supervise import Interrupted, die_with_parent, supervise
+from slapo_ae.harness.supervise import Interrupted, die_with_parent, supervise_all
 from slapo_ae.record import RecordError, collect_env, non_ok, now, read_record, write_record
 
 GRACE_S = 120  # the hard timeout is the case's timeout plus this
@@ -49,6 +65,10 @@ DEFAULT_HARNESS = "python -m slapo_ae.harness.cli"
 # Where the GPU slots are: set by the workflow's planner for the jobs, read here.
 SLOTS_DIR_ENV = "SLAPO_GPU_SLOTS_DIR"
 SLOTS_TOTAL_ENV = "SLAPO_GPU_SLOTS_TOTAL"
+# Where the agents of a case on several nodes run (module docstring): set by the planner.
+NODES_VIA_ENV = "SLAPO_NODES_VIA"
+NODES_VIA = ("local", "srun")
+SRUN_CASE = paths.ROOT / "scripts" / "srun_case.sh"
 # CPU cases take the machine's one CPU slot, a lock that the harness holds as long as it runs:
 # no two CPU measurements overlap, whichever workflow (or orphan of a killed one) started them.
 CPU_LOCK_DIR_ENV = "SLAPO_CPU_LOCK_DIR"
@@ -63,16 +83,74 @@ def cpu_lock_dir() -> str:
 OFFLINE_ENV = {**HARNESS_OFFLINE_ENV, "DS_BUILD_OPS": "0"}
 
 
-def harness_command(harness: str, case: Case, timeout: float, out: str, log: str,
-                    cores: int | None = None) -> list[str]:
-    """The harness CLI call for ``case`` (``slapo-bench run`` contract); ``cores``: the CPU
-    cores the case's ranks share (None: the harness's default,
-    :func:`slapo_ae.harness.threads.default_cores`)."""
+def harness_program(harness: str) -> list[str]:
+    """The harness CLI's words (``python`` is this interpreter)."""
     cmd = shlex.split(harness)
     if cmd and cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable
-    return cmd + ["run", *case.to_argv(), "--timeout", f"{timeout:g}",
-                  *(["--cores", str(cores)] if cores else []), "--out", out, "--log", log]
+    return cmd
+
+
+def run_options(case: Case, timeout: float, out: str, log: str,
+                cores: int | None = None) -> list[str]:
+    """The ``slapo-bench run`` options of ``case`` (its argv, the time limit, ``cores``: the
+    CPU cores the case's ranks on one machine share, None for the harness's default,
+    :func:`slapo_ae.harness.threads.default_cores`; the record and the log)."""
+    return [*case.to_argv(), "--timeout", f"{timeout:g}",
+            *(["--cores", str(cores)] if cores else []), "--out", out, "--log", log]
+
+
+def harness_command(harness: str, case: Case, timeout: float, out: str, log: str,
+                    cores: int | None = None) -> list[str]:
+    """The harness CLI call for ``case`` (``slapo-bench run`` contract)."""
+    return harness_program(harness) + ["run", *run_options(case, timeout, out, log, cores)]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (``""``: on every interface), for the rendezvous of
+    agents started at once."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def node_log(log: str, node: int) -> str:
+    """The log of agent ``node`` of a case on several nodes: the case log for the first,
+    ``CASE.node<i>.log`` beside it for the others."""
+    if node == 0:
+        return log
+    path = Path(log)
+    return str(path.with_name(f"{path.stem}.node{node}{path.suffix}"))
+
+
+def agents(case: Case, harness: str, timeout: float, out: str, log: str, cores: int | None,
+           env: dict, nodes_via: str = "local") -> list[tuple[list[str], dict]]:
+    """``(command, environment)`` of each process that runs ``case``: the harness alone on one
+    node; on several, their agents as ``nodes_via`` says (module docstring)."""
+    if case.nodes == 1:
+        return [(harness_command(harness, case, timeout, out, log, cores), env)]
+    if nodes_via == "srun":  # the script sets --nodes and --rdzv-endpoint itself
+        options = run_options(case, timeout, out, log, cores)
+        at = options.index("--nodes")
+        del options[at:at + 2]
+        # this runs on the job's first node, which hosts the rendezvous
+        return [([str(SRUN_CASE), *options],
+                 {**env, "SLAPO_HARNESS": shlex.join(harness_program(harness)),
+                  "SLAPO_CASE_NODES": str(case.nodes), "SLAPO_RDZV_PORT": str(free_port(""))})]
+    if nodes_via != "local":
+        raise ValueError(f"nodes_via {nodes_via!r}: one of {', '.join(NODES_VIA)}")
+    endpoint = f"127.0.0.1:{free_port()}"
+    devices = [d for d in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d]
+    per_node = case.gpus_per_node
+    found = []
+    for node in range(case.nodes):
+        agent_env = dict(env)
+        if case.device == "cuda" and devices:  # each agent its own node's worth of the GPUs
+            agent_env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                devices[node * per_node:(node + 1) * per_node])
+        cmd = harness_command(harness, case, timeout, out, node_log(log, node), cores)
+        found.append((cmd + ["--rdzv-endpoint", endpoint], agent_env))
+    return found
 
 
 def write_own_record(case: Case, out: str, log: str, status: str, reason: str,
@@ -121,7 +199,7 @@ class _Notes:
 
 def run(case: Case, timeout: float, out: str, log: str, harness: str = DEFAULT_HARNESS,
         slots_dir: str | None = None, slots_total: int | None = None,
-        grace: float = GRACE_S, cores: int | None = None) -> int:
+        grace: float = GRACE_S, cores: int | None = None, nodes_via: str = "local") -> int:
     """Run the case; returns 0 once a record is at ``out`` (see the module docstring)."""
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +207,8 @@ def run(case: Case, timeout: float, out: str, log: str, harness: str = DEFAULT_H
     Path(log).write_text("")
     note = _Notes(log)
     try:
-        return _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores, note)
+        return _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores,
+                    nodes_via, note)
     finally:
         note.flush()
 
@@ -145,7 +224,8 @@ def harness_env() -> dict:
     return env
 
 
-def _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores, note) -> int:
+def _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores, nodes_via,
+         note) -> int:
     started = now()
     env = harness_env()
     note(f"case {case.id}: {case.to_json()}")
@@ -169,11 +249,18 @@ def _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores,
         note(f"the CPU slot in {cpu_lock_dir()} (waited {time.monotonic() - t0:.1f} s for "
              "other CPU cases to end)")
     visible = env.get("CUDA_VISIBLE_DEVICES")
-    cmd = harness_command(harness, case, timeout, out, log, cores)
-    note(f"CUDA_VISIBLE_DEVICES={visible!r}; running: {shlex.join(cmd)}")
+    procs = agents(case, harness, timeout, out, log, cores, env, nodes_via)
+    cmd = procs[0][0]
+    if case.nodes > 1:
+        note(f"{case.nodes} nodes of {case.gpus_per_node} ranks, via {nodes_via}: "
+             f"{len(procs)} process(es)")
+    for agent_cmd, agent_env in procs:
+        note(f"CUDA_VISIBLE_DEVICES={agent_env.get('CUDA_VISIBLE_DEVICES')!r}; running: "
+             f"{shlex.join(agent_cmd)}")
     try:
-        outcome = supervise(cmd, timeout=timeout + grace, env=env, stdout=note.output,
-                            pass_fds=tuple(alloc.fds) if alloc else ())
+        outcome = supervise_all([c for c, _ in procs], timeout=timeout + grace,
+                                envs=[e for _, e in procs], stdout=note.output,
+                                pass_fds=tuple(alloc.fds) if alloc else ())
     except Interrupted as err:  # the harness is down; stop signals are ignored from now on
         note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
         return 128 + err.signum
@@ -215,8 +302,13 @@ def main(argv=None) -> int:
     parser.add_argument("--grace", type=float, default=GRACE_S,
                         help="seconds past the case's timeout before the harness is killed")
     parser.add_argument("--cores", type=int, default=None,
-                        help="CPU cores the case's ranks share (the rule passes its "
-                             "rank_cores resource; default: the harness's)")
+                        help="CPU cores the case's ranks on one machine share (the rule "
+                             "passes its rank_cores resource; default: the harness's)")
+    parser.add_argument("--nodes-via", choices=NODES_VIA,
+                        default=os.environ.get(NODES_VIA_ENV) or "local",
+                        help="where the agents of a case on several nodes run: local (all "
+                             "on this machine) or srun (one per node of this Slurm job); "
+                             f"default ${NODES_VIA_ENV} or local")
     args = parser.parse_args(argv)
     die_with_parent()  # the rule execs the runner: it ends with the Snakemake that started it
     try:
@@ -224,7 +316,7 @@ def main(argv=None) -> int:
     except (CaseError, ValueError) as err:
         parser.error(f"--case: {err}")
     return run(case, args.timeout, args.out, args.log, args.harness, args.slots_dir,
-               args.slots_total, args.grace, args.cores)
+               args.slots_total, args.grace, args.cores, args.nodes_via)
 
 
 def add_slot_args(parser) -> None:

@@ -3,9 +3,11 @@
 
 :func:`supervise` runs a child in a session of its own that gets SIGTERM when its parent dies
 (Linux), waits for it up to a timeout, and stops it with everything below it
-(:func:`stop_tree`) when the timeout passes or when this process is told to stop (SIGTERM,
+(:func:`stop_trees`) when the timeout passes or when this process is told to stop (SIGTERM,
 SIGINT, SIGHUP: then :class:`Interrupted` is raised once the tree is down, and stop signals
-stay ignored, so that the caller's last notes are not cut short).
+stay ignored, so that the caller's last notes are not cut short). :func:`supervise_all` does
+the same for several children at once, the agents of a case on several nodes started on one
+machine, and stops them all when one fails.
 """
 from __future__ import annotations
 
@@ -56,28 +58,34 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def stop_tree(proc: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
-    """SIGTERM the child's process group (so it can stop what it started), wait up to
-    ``grace`` seconds, then SIGKILL the child and every process below it: torchrun starts each
-    rank in a session of its own, so a signal to one group alone does not reach them."""
-    tree = descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    for pid in [proc.pid, *tree, *descendants(proc.pid)]:
+def stop_trees(procs: list[subprocess.Popen], grace: float = KILL_GRACE_S) -> None:
+    """SIGTERM each child's process group (so it can stop what it started), wait up to
+    ``grace`` seconds (one period for all), then SIGKILL each child and every process below
+    it: torchrun starts each rank in a session of its own, so a signal to one group alone does
+    not reach them."""
+    trees = {proc.pid: descendants(proc.pid) for proc in procs}
+    for proc in procs:
         try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
             pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        for pid in [proc.pid, *trees[proc.pid], *descendants(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -119,7 +127,22 @@ def supervise(cmd: list[str], *, timeout: float, env: dict | None = None, stdout
               pass_fds: tuple = ()) -> Outcome:
     """Run ``cmd`` to the end or to ``timeout`` seconds (see the module docstring); its output
     goes to ``stdout`` (a file), stderr with it, stdin is empty."""
-    proc = None
+    return supervise_all([cmd], timeout=timeout, envs=[env], stdout=stdout, pass_fds=pass_fds)
+
+
+POLL_S = 0.5  # how often several children are looked at (one child is simply waited for)
+
+
+def supervise_all(cmds: list[list[str]], *, timeout: float, envs: list[dict | None] | None = None,
+                  stdout=None, pass_fds: tuple = ()) -> Outcome:
+    """Run every command of ``cmds`` at once, each as :func:`supervise` runs one (a session of
+    its own, the same ``stdout``, ``pass_fds`` and one shared ``timeout``), ``envs[i]`` the
+    environment of ``cmds[i]``. When one exits with a non-zero code the others are stopped, as
+    srun's ``--kill-on-bad-exit`` does (the agents of a case on several nodes would wait for
+    it until the timeout), and the outcome is that first failure's code; 0 when all ended
+    with 0."""
+    envs = list(envs) if envs is not None else [None] * len(cmds)
+    procs: list[subprocess.Popen] = []
 
     def on_signal(signum, frame):
         raise Interrupted(signum)
@@ -128,21 +151,40 @@ def supervise(cmd: list[str], *, timeout: float, env: dict | None = None, stdout
     interrupted = False
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, pass_fds=pass_fds,
-                                preexec_fn=own_session_and_parent_death_signal())
-        try:
-            return Outcome(proc.wait(timeout=timeout), False, time.monotonic() - start)
-        except subprocess.TimeoutExpired:
-            stop_tree(proc)
-            return Outcome(proc.returncode, True, time.monotonic() - start)
+        for cmd, env in zip(cmds, envs):
+            try:
+                procs.append(subprocess.Popen(
+                    cmd, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, pass_fds=pass_fds,
+                    preexec_fn=own_session_and_parent_death_signal()))
+            except OSError:  # a command that cannot start: none of its siblings is left
+                stop_trees(procs)
+                raise
+        while True:
+            codes = [proc.poll() for proc in procs]
+            failed = [code for code in codes if code not in (None, 0)]
+            if failed:
+                stop_trees([proc for proc in procs if proc.returncode is None])
+                return Outcome(failed[0], False, time.monotonic() - start)
+            if None not in codes:
+                return Outcome(0, False, time.monotonic() - start)
+            remaining = timeout - (time.monotonic() - start)
+            if remaining <= 0:
+                stop_trees(procs)
+                codes = [proc.returncode for proc in procs]
+                code = next((c for c in codes if c not in (None, 0)), codes[0])
+                return Outcome(code, True, time.monotonic() - start)
+            waiting = next(proc for proc in procs if proc.returncode is None)
+            try:
+                waiting.wait(timeout=remaining if len(procs) == 1 else min(POLL_S, remaining))
+            except subprocess.TimeoutExpired:
+                pass
     except Interrupted:
         # A second Ctrl-C must not cut the clean-up short, here or in the caller's notes
         # after it: a process told to stop stays deaf to stop signals from now on.
         interrupted = True
         ignore_stop_signals()
-        if proc is not None:
-            stop_tree(proc)
+        stop_trees(procs)
         raise
     finally:
         if not interrupted:

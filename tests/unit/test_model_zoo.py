@@ -30,6 +30,7 @@ NOMINAL = {
     "EleutherAI/gpt-neo-1.3B": 1.3e9,
     "EleutherAI/gpt-neo-2.7B": 2.7e9,
     "gpt-neo-2.9B": 2.9e9,
+    "gpt-neo-10B": 10e9,
     "facebook/opt-350m": 350e6,
     "facebook/opt-1.3b": 1.3e9,
     "facebook/opt-2.7b": 2.7e9,

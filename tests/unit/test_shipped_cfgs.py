@@ -80,3 +80,20 @@ def test_figure9_cfg_is_the_ablation():
         ("slapo-tp-attn-ffn", "bert-xlarge", 8, 512, 64),
         ("slapo-tp-full", "bert-xlarge", 8, 512, 96),
     ]
+
+
+def test_figure8_cfg_is_the_multinode_setting():
+    """LLaMA-7B as the paper ran it (global batch 256, micro-batch 4, seq 1024, pipeline 2 x
+    tensor 8) and GPT-10B with the same setting, on 16, 32 and 64 GPUs."""
+    cases = parse_cfg(ROOT / "configs" / "multinode" / "multinode_asplos24.cfg")
+    assert len(cases) == 2 * 3 * 3
+    assert {(c.model, c.mode, c.gpus) for c in cases} == {
+        (model, mode, gpus) for model in ("gpt-neo-10B", "llama-7b")
+        for mode in ("megatron", "deepspeed", "slapo-megatron") for gpus in (16, 32, 64)}
+    for case in cases:
+        assert (case.seq_len, case.dec_seq_len, case.batch_size) == (1024, 0, 256), case.id
+        if case.mode == "deepspeed":  # ZeRO-3: every GPU a data-parallel rank
+            assert (case.pp, case.tp_size, case.micro_batch_size) == (1, 1, 256 // case.gpus)
+        else:
+            assert (case.pp, case.tp_size, case.micro_batch_size) == (2, 8, 4), case.id
+            assert case.dp_size == case.gpus // 16

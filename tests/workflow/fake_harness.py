@@ -4,20 +4,24 @@
 
 It writes a valid record at once, with a made-up throughput that depends only on the case
 (so tests can predict the figures and claims). What it does per case is steered by the JSON
-file named in ``$FAKE_HARNESS_PLAN``, keyed by case id, mode or ``"*"``::
+file named in ``$FAKE_HARNESS_PLAN``, keyed by case id, mode or ``"*"`` (and ``"node<i>"`` for
+agent ``i`` of a case on several nodes, applied last)::
 
     {"<case-id>": {"sleep": 5, "status": "failed", "reason": "...", "crash": true,
                    "samples_per_s": 3.0}}
 
 ``crash``: exit 3 without a record (the runner must then record the failure). Every call
-appends one JSON line ``{case_id, start, end, cuda_visible_devices, pid}`` to
-``$FAKE_HARNESS_TRACE`` when that is set (used to check GPU packing).
+appends one JSON line ``{case_id, start, end, cuda_visible_devices, pid, rdzv_endpoint, log}``
+to ``$FAKE_HARNESS_TRACE`` when that is set (used to check GPU packing and the agents of a
+case on several nodes). Of those agents, the one given the case's own log (the runner's
+first; the others log to ``*.node<i>.log``) writes the record, as rank 0's node does.
 
 These records are test fixtures, never published results.
 """
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -35,7 +39,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("command", choices=["run"])
     case_options.add_arguments(parser)  # the real harness's case options
-    for flag in ("--out", "--log", "--case-id"):
+    for flag in ("--out", "--log", "--case-id", "--rdzv-endpoint"):
         parser.add_argument(flag, required=flag == "--out")
     for flag in ("--timeout", "--cores"):
         parser.add_argument(flag, type=float, default=0)
@@ -47,7 +51,10 @@ def main(argv=None) -> int:
     plan = {}
     if os.environ.get("FAKE_HARNESS_PLAN"):
         plan = json.loads(Path(os.environ["FAKE_HARNESS_PLAN"]).read_text())
-    todo = {**plan.get("*", {}), **plan.get(args.mode, {}), **plan.get(args.case_id, {})}
+    node = re.search(r"\.node(\d+)$", Path(args.log or "").stem)
+    node = int(node.group(1)) if node else 0
+    todo = {**plan.get("*", {}), **plan.get(args.mode, {}), **plan.get(args.case_id, {}),
+            **(plan.get(f"node{node}", {}) if case.nodes > 1 else {})}
     start = time.time()
     if args.log:
         with open(args.log, "a") as log:
@@ -59,10 +66,14 @@ def main(argv=None) -> int:
         with open(os.environ["FAKE_HARNESS_TRACE"], "a") as trace:
             trace.write(json.dumps({"case_id": args.case_id, "gpus": args.gpus, "start": start,
                                     "end": end, "cuda_visible_devices": visible,
-                                    "pid": os.getpid()}) + "\n")
+                                    "pid": os.getpid(), "rdzv_endpoint": args.rdzv_endpoint,
+                                    "log": args.log}) + "\n")
     if todo.get("crash"):
         print("fake harness: crashing as planned", file=sys.stderr)
         return 3
+    if case.nodes > 1 and node > 0:
+        print("fake harness: this node's ranks finished; the node of rank 0 writes the record")
+        return 0
     status = todo.get("status", "ok")
     rate = todo.get("samples_per_s", RATES.get(args.mode, 1.0) * args.gpus)
     record_case = case.to_record(args.case_id)

@@ -240,3 +240,113 @@ def test_table4_outputs():
     assert "| BERT | 21 | 5 | 4 |" in md and "| T5 | 11 | - | - |" in md
     tex = table4.to_latex(df)
     assert r"\begin{tabular}{lrrrrrrr}" in tex and "LoC (paper) & 12 & 11 & 21" in tex
+
+
+# -- Figure 8 (multi-node) and C2's multi-node half ------------------------------------------
+def mrec(tmp_path, mode, model, gpus, rate=None, status="ok", quartiles=None, per_node=8):
+    """A record of a case on ``gpus // per_node`` nodes; the megatron modes pipeline 2 x
+    tensor 8 with micro-batch 4, as Figure 8's."""
+    path = rec(tmp_path, "multinode", mode, model, gpus, rate, status=status, env=GPU,
+               batch=256, quartiles=quartiles)
+    data = json.loads(path.read_text())
+    nodes = gpus // per_node
+    layout = ({"pp": 2, "tp": 8, "dp": gpus // 16, "micro_batch": 4} if "megatron" in mode
+              else {"pp": 1, "tp": 1, "dp": gpus, "micro_batch": 256 // gpus})
+    data["case"].update(id=f"{mode}__{model}__g{gpus}__n{nodes}", nodes=nodes,
+                        gpus_per_node=per_node, **layout)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def multinode_records(tmp_path):
+    rates = {16: (9.0, 10.0, 11.0), 32: (16.0, 19.0, 22.0)}  # megatron, deepspeed, slapo
+    paths = [mrec(tmp_path, mode, "llama-7b", g, r) for g, row in rates.items()
+             for mode, r in zip(("megatron", "deepspeed", "slapo-megatron"), row)]
+    paths += [mrec(tmp_path, "megatron", "llama-7b", 64, status="oom"),
+              mrec(tmp_path, "deepspeed", "llama-7b", 64, 24.0),
+              mrec(tmp_path, "slapo-megatron", "llama-7b", 64, status="failed")]
+    return paths
+
+
+def test_multinode_table_has_nodes_and_layout(tmp_path):
+    df = aggregate.table(multinode_records(tmp_path))
+    assert len(df) == 9 and list(df.columns) == aggregate.COLUMNS
+    row = df[df["case_id"] == "slapo-megatron__llama-7b__g32__n4"].iloc[0]
+    assert (row["experiment"], row["nodes"], row["gpus_per_node"]) == ("multinode", 4, 8)
+    assert (row["pp"], row["tp"], row["dp"], row["micro_batch"]) == (2, 8, 2, 4)
+    assert row["system"] == "Slapo-3D" and row["model_label"] == "LLaMA-7B"
+    assert aggregate.system_label("slapo-megatron", 1) == "Slapo-TP"
+
+
+def test_figure8_marks_non_ok_bars_prints_speedups_and_nodes(tmp_path):
+    df = aggregate.table(multinode_records(tmp_path))
+    fig = plots.figure8(df)
+    assert x_marks(fig) == 2
+    ax = fig.axes[0]
+    assert ax.get_title() == "LLaMA-7B (llama-7b)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["16\n2 x 8", "32\n4 x 8",
+                                                            "64\n8 x 8"]
+    assert sorted(t.get_text() for t in ax.texts) == ["1.10x", "1.16x"]  # over the best baseline
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:3] == ["Megatron-LM", "DeepSpeed ZeRO-3", "Slapo"] and legend[3].startswith("X:")
+    plots.save(fig, tmp_path / "multinode.pdf")
+    assert (tmp_path / "multinode.pdf").read_bytes()[:4] == b"%PDF"
+    # a system without a case at a GPU count is an X as well
+    assert x_marks(plots.figure8(df[df["case_id"] != "deepspeed__llama-7b__g64__n8"])) == 3
+    # a profile without multi-node cases: an empty figure that says so
+    empty = aggregate.write_csv(aggregate.table([]), tmp_path / "m.csv")
+    assert plots.main(["multinode", str(empty), str(tmp_path / "empty.pdf")]) == 0
+    assert x_marks(plots.figure8(pd.read_csv(empty))) == 0
+
+
+def test_claim_c2_multi_node_half_is_checked_from_figure8(tmp_path):
+    multinode = aggregate.table(multinode_records(tmp_path))
+    e2e = aggregate.table(e2e_records(tmp_path, env=GPU))
+    c2 = claims.check_c2(e2e, multinode=multinode)
+    multi = c2["multi_node"]
+    assert multi["verdict"] == "PASS" and multi["paper"] == 1.41
+    assert multi["measured_max"] == pytest.approx(22 / 19)
+    assert multi["at"] == {"model": "llama-7b", "gpus": 32}
+    assert multi["hardware"] == "NVIDIA H200 x32 on 4 nodes @g"
+    points = {(p["gpus"], p["nodes"]): p for p in c2["points"] if p["nodes"] > 1}
+    assert [p["verdict"] for p in points.values()] == ["PASS", "PASS", "NOT-RUN"]
+    assert points[(16, 2)]["best_slapo"]["system"] == "Slapo-3D"
+    assert points[(64, 8)]["why"] == "no Slapo system ran ok"
+    assert c2["single_node"]["verdict"] == "PASS" and c2["verdict"] == "PASS"
+    text = claims.to_markdown(claims.check_all(e2e, None, None, multinode=multinode))
+    assert "multi-node: PASS, max speedup 1.158x (paper 1.41x)" in text
+    assert "- Several nodes (up to 64 GPUs): paper 1.41x; measured max 1.158x (llama-7b, " \
+           "gpus=32) on NVIDIA H200 x32 on 4 nodes @g: **PASS**." in text
+    # slower than a baseline on several nodes: the half fails, and so the claim
+    slow = aggregate.table([mrec(tmp_path / "slow", "slapo-megatron", "llama-7b", 16, 8.0,
+                                 quartiles=(7.5, 8.5)),
+                            mrec(tmp_path / "slow", "deepspeed", "llama-7b", 16, 10.0,
+                                 quartiles=(9.5, 10.5))])
+    c2 = claims.check_c2(e2e, multinode=slow)
+    assert c2["multi_node"]["verdict"] == "FAIL" and c2["verdict"] == "FAIL"
+
+
+def test_claim_c2_multi_node_half_is_not_run_without_its_cases(tmp_path):
+    e2e = aggregate.table(e2e_records(tmp_path, env=GPU))
+    for multinode in (None, aggregate.table([])):
+        c2 = claims.check_c2(e2e, multinode=multinode)
+        assert c2["multi_node"]["verdict"] == "NOT-RUN" and c2["verdict"] == "PASS"
+        assert "no multi-node cases in this profile" in c2["multi_node"]["why"]
+    text = claims.to_markdown(claims.check_all(e2e, None, None))
+    assert "- Several nodes (up to 64 GPUs): paper 1.41x; **NOT-RUN** (no multi-node cases " \
+           "in this profile" in text
+    # only the multi-node cases ran (profile cpu-multinode): the claim is their half's
+    multinode = aggregate.table(multinode_records(tmp_path / "m"))
+    c2 = claims.check_c2(None, multinode=multinode)
+    assert c2["single_node"]["verdict"] == "NOT-RUN" and c2["verdict"] == "PASS"
+
+
+def test_claims_cli_reads_the_multinode_csv(tmp_path):
+    csv = aggregate.write_csv(aggregate.table(multinode_records(tmp_path)), tmp_path / "m.csv")
+    assert claims.main(["--multinode", str(csv), "--md", str(tmp_path / "c.md"),
+                        "--json", str(tmp_path / "c.json")]) == 0
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert data["claims"][1]["multi_node"]["verdict"] == "PASS"
+    assert data["profile"] == "p"
+    assert aggregate.main(["--experiment", "multinode", "--out", str(tmp_path / "o.csv"),
+                           *map(str, multinode_records(tmp_path / "again"))]) == 0

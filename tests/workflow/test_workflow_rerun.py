@@ -19,7 +19,8 @@ def test_complete_run_has_every_output(done_repo):
     assert len(done_repo.records("e2e")) == E2E_CASES
     assert len(done_repo.records("ablation")) == ABLATION_CASES
     for rel in ("results/e2e.csv", "figures/e2e.pdf", "results/ablation.csv",
-                "figures/ablation.pdf", "results/loc.csv", "figures/table4.md",
+                "figures/ablation.pdf", "results/multinode.csv", "figures/multinode.pdf",
+                "results/loc.csv", "figures/table4.md",
                 "figures/table4.tex", "results/gaps.json", "results/claims.md",
                 "results/claims.json"):
         assert (done_repo.path / rel).is_file(), rel
@@ -96,7 +97,7 @@ def test_editing_an_analysis_module_reruns_only_aggregates(done_repo):
     plots.write_text(plots.read_text() + "\n# edited\n")
     jobs = done_repo.dry_run()
     assert "case" not in jobs
-    assert set(jobs) == {"e2e_figure", "ablation_figure", "all"}
+    assert set(jobs) == {"e2e_figure", "multinode_figure", "ablation_figure", "all"}
 
 
 def test_changing_profile_settings_reruns_every_case(done_repo):

@@ -1,6 +1,7 @@
 """The case runner: one record per case, whatever the harness does."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -179,3 +180,56 @@ def test_cpu_cases_never_measure_side_by_side(tmp_path, fake_plan, monkeypatch):
     (a, b) = sorted(spans, key=lambda s: s["start"])
     assert b["start"] >= a["end"]  # the harnesses' runs did not overlap
     assert "waited" in log2.read_text()
+
+
+# -- a case on several nodes ------------------------------------------------------------
+TWO_NODES = "slapo-megatron__bert-tiny__g4__n2__s64__b4__c0"
+
+
+def _trace(tmp_path) -> list[dict]:
+    path = tmp_path / "trace.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_case_on_two_nodes_runs_two_local_agents_and_gives_one_record(tmp_path, fake_plan):
+    out, log = tmp_path / "r.json", tmp_path / "logs" / "r.log"
+    assert runner.run(case(gpus=4, nodes=2), 60, str(out), str(log), HARNESS) == 0
+    rec = read_record(out)
+    assert rec.status == "ok" and rec.case["id"] == TWO_NODES
+    assert (rec.case["nodes"], rec.case["gpus_per_node"]) == (2, 2)
+    agents = _trace(tmp_path)
+    assert len(agents) == 2 and len({a["pid"] for a in agents}) == 2
+    endpoints = {a["rdzv_endpoint"] for a in agents}
+    assert len(endpoints) == 1 and endpoints.pop().startswith("127.0.0.1:")
+    assert sorted(a["log"] for a in agents) == [str(log), str(log.with_name("r.node1.log"))]
+    assert "2 nodes of 2 ranks, via local: 2 process(es)" in log.read_text()
+
+
+def test_a_failing_agent_stops_the_others(tmp_path, fake_plan):
+    """Agent 1 crashes while agent 0 would wait (for a rank that is gone) until the timeout:
+    the runner stops agent 0 at once and records the failure."""
+    fake_plan({"*": {"sleep": 60}, "node1": {"sleep": 0, "crash": True}})
+    out, log = tmp_path / "r.json", tmp_path / "r.log"
+    t0 = time.monotonic()
+    assert runner.run(case(gpus=4, nodes=2), 120, str(out), str(log), HARNESS) == 0
+    assert time.monotonic() - t0 < 40
+    rec = read_record(out)
+    assert rec.status == "failed" and "exited with code 3" in rec.reason
+    waiting = re.search(r"fake harness pid (\d+)", log.read_text())  # agent 0, before its sleep
+    assert waiting and not alive(int(waiting.group(1)))
+
+
+def test_local_agents_share_the_gpus_and_srun_runs_the_script():
+    two = case(gpus=4, nodes=2, device="cuda")
+    local = runner.agents(two, HARNESS, 60, "o.json", "l/c.log", 8,
+                          {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    assert [env["CUDA_VISIBLE_DEVICES"] for _, env in local] == ["4,5", "6,7"]
+    assert [cmd[cmd.index("--log") + 1] for cmd, _ in local] == ["l/c.log", "l/c.node1.log"]
+    assert all(cmd[cmd.index("--nodes") + 1] == "2" for cmd, _ in local)
+    (cmd, env), = runner.agents(two, HARNESS, 60, "o.json", "c.log", 8, {}, nodes_via="srun")
+    assert cmd[0] == str(runner.SRUN_CASE) and cmd[1:3] == ["--mode", "slapo-megatron"]
+    assert "--nodes" not in cmd and "--rdzv-endpoint" not in cmd  # the script sets both
+    assert env["SLAPO_CASE_NODES"] == "2" and int(env["SLAPO_RDZV_PORT"]) > 0
+    assert env["SLAPO_HARNESS"] == f"{sys.executable} {FAKE}"
+    one, = runner.agents(case(), HARNESS, 60, "o.json", "c.log", 2, {}, nodes_via="srun")
+    assert one[0] == runner.harness_command(HARNESS, case(), 60, "o.json", "c.log", 2)

@@ -1,6 +1,7 @@
 """Cases as Slurm jobs: three real CPU cases (the harness CLI, tiny BERT on 1 and 2 ranks)
 submitted through ``workflow/profiles/slurm-local`` to a running Slurm cluster, then the
-aggregate CSV; and a case on two "nodes" through ``scripts/srun_case.sh``. Needs the cluster
+aggregate CSV; a case on two "nodes" through ``scripts/srun_case.sh`` by hand, and one as a
+workflow job of two tasks. Needs the cluster
 of ``scripts/slurm_local.sh start`` (``.ci/run`` starts it); skips, saying why, where none
 answers."""
 import importlib.util
@@ -133,3 +134,37 @@ def test_a_case_on_two_nodes_runs_through_srun(cluster, tmp_path):
     assert len(record.metrics.peak_mem_bytes) == 2  # both agents' ranks reported
     # both tasks finished: the one with rank 0 wrote the record, the other found it there
     assert log.count(f"-> {out}") == 2, log[-3000:]
+
+
+MULTINODE_CASE = "deepspeed__gpt-neo-tiny__g4__n2__s32__b8__c0"
+
+
+def test_a_case_on_two_nodes_runs_as_one_slurm_job(cluster, repo):
+    """A profile of 2 ranks per node makes a 4-rank case a case on 2 nodes: one Slurm job of
+    2 tasks (`max_job_nodes: 1` of slurm-local: both on the one machine), whose runner starts
+    one agent per task through scripts/srun_case.sh; one record with both agents' ranks."""
+    (repo.path / "configs" / "multinode").mkdir(exist_ok=True)
+    (repo.path / "configs" / "multinode" / "slurm.cfg").write_text(
+        "deepspeed gpt-neo-tiny 4 32 0 8 0\n")
+    config = make_config(repo.path, gpus_per_node=2, max_gpus=4, timeout=300, experiments={
+        "e2e": [], "ablation": [], "multinode": ["configs/multinode/slurm.cfg"]})
+    config["harness"] = "python -m slapo_ae.harness.cli"
+    repo.write_config(config)
+    cmd = [sys.executable, "-m", "snakemake", "--workflow-profile",
+           "workflow/profiles/slurm-local", f"results/multinode/test/{MULTINODE_CASE}.json"]
+    proc = subprocess.run(cmd, cwd=repo.path, env=repo.env(), capture_output=True, text=True,
+                          timeout=540)
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    job = re.findall(r"SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_case/", proc.stdout +
+                     proc.stderr)
+    assert len(job) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    states = _query("sacct", "-n", "-X", "-P", "-o", "State,NNodes,AllocTRES", "-j", job[0])
+    state, nodes, tres = states.stdout.strip().splitlines()[0].split("|")
+    assert (state, nodes) == ("COMPLETED", "1") and "cpu=2" in tres, states.stdout
+    record = read_record(repo.record("multinode", MULTINODE_CASE))
+    assert record.status == "ok", record.reason
+    assert (record.case["nodes"], record.case["gpus_per_node"]) == (2, 2)
+    assert len(record.metrics.peak_mem_bytes) == 4  # both agents' ranks reported
+    log = (repo.path / "results" / "multinode" / "test" / "logs" /
+           f"{MULTINODE_CASE}.log").read_text()
+    assert "2 nodes of 2 ranks, via srun" in log and "srun_case.sh" in log

@@ -73,7 +73,8 @@ def test_paper_dag_has_every_figure7_and_figure9_case(tmp_path):
 def test_report_has_figures_tables_and_captions(done_repo):
     done_repo.snakemake("--report", "report.html")
     html = (done_repo.path / "report.html").read_text(errors="replace")
-    for text in ("e2e.pdf", "ablation.pdf", "table4.md", "claims.md", "e2e.csv",
-                 "Figure 7: end-to-end training throughput", "Figure 9: ablation",
+    for text in ("e2e.pdf", "ablation.pdf", "multinode.pdf", "table4.md", "claims.md",
+                 "e2e.csv", "Figure 7: end-to-end training throughput",
+                 "Figure 8: multi-node throughput", "Figure 9: ablation",
                  "Table 4: lines of schedule code", "Claims C1-C4"):
         assert text in html, text

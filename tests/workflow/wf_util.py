@@ -15,7 +15,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-COPY = ["Snakefile", "workflow", "configs", "slapo", "slapo_ae", "tests/workflow/fake_harness.py"]
+COPY = ["Snakefile", "workflow", "configs", "slapo", "slapo_ae", "scripts/srun_case.sh",
+        "tests/workflow/fake_harness.py"]
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake")
 
 E2E_CFG = """\

@@ -14,15 +14,23 @@ rule case:
         case=job_case,
         harness=config["harness"],
     wildcard_constraints:
-        experiment="e2e|ablation",
+        experiment="e2e|ablation|multinode",
         profile=PROFILE["name"],
         case_id="[^/]+",
     threads: case_threads
     resources:
         # gpus: packs jobs onto a node under `--resources gpus=N`; gpu: the same request under
-        # the name the Slurm executor plugin reads
+        # the name the Slurm executor plugin reads (one node; on several, gres per machine)
         gpus=case_gpus,
-        gpu=case_gpus,
+        gpu=case_gpu_request,
+        # a case on several nodes: the machines, and under srun one Slurm task per node's
+        # agent (plan.node_resources); none of these for a case on one node
+        nodes=case_node_resource("nodes"),
+        tasks=case_node_resource("tasks"),
+        mpi=case_node_resource("mpi"),
+        cpus_per_task=case_node_resource("cpus_per_task"),
+        gres=case_node_resource("gres"),
+        tasks_per_gpu=case_node_resource("tasks_per_gpu"),
         # the case's time limit (s); runtime: the same plus the runner's grace, in minutes,
         # for cluster schedulers. Resources, not params: raising them reruns nothing.
         timeout_s=PROFILE["timeout"],

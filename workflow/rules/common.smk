@@ -55,6 +55,7 @@ plan.python_on_path()  # jobs' `python` is the interpreter running Snakemake
 CASE_CODE = sources.case_code()
 ENV = "../envs/slapo.yaml"
 plan.export_slots(config, PROFILE)  # GPU slot folder and count, for the jobs' environment
+plan.export_nodes_via(config)  # where the agents of a case on several nodes run
 
 
 def case_of(wildcards):
@@ -85,6 +86,20 @@ def case_threads(wildcards):
 
 def case_rank_cores(wildcards):
     return plan.rank_cores(case_of(wildcards), PROFILE, workflow.cores)
+
+
+def case_gpu_request(wildcards):
+    return plan.gpu_request(case_of(wildcards), PROFILE)
+
+
+def case_node_resource(name):
+    """The resource ``name`` that places a case on its nodes (plan.node_resources; None, and
+    so no resource, for a case on one node)."""
+
+    def resource(wildcards):
+        return plan.node_resources(case_of(wildcards), PROFILE, config, workflow.cores)[name]
+
+    return resource
 
 
 def records(experiment):
