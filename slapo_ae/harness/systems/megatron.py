@@ -21,7 +21,8 @@ Checkpointing (``CKPT``): ``full`` recomputes every layer (``recompute_granulari
 uniform, one layer per chunk), ``selective`` recomputes the core attention; 0 = none.
 Training: every rank sees the whole batch (data parallel size 1), AdamW over fp32 parameters,
 autocast in fp16/bf16 on CUDA (not Megatron-LM's Float16Module and distributed optimizer).
-On CPU the :mod:`.megatron_cpu` adapter is installed.
+On CPU the :mod:`.megatron_cpu` adapter is installed. A case with pipeline stages or
+data-parallel replicas (``pp=``, ``tp=``) runs under :mod:`.megatron_3d`, a subclass.
 """
 from __future__ import annotations
 

@@ -12,7 +12,9 @@ The HF model is built with the same seed on every rank, scheduled with
 | slapo-kernel       | no (DDP if N > 1) | -               | yes        | batch / N      |
 
 The checkpoint ratio of the case goes to the schedule (the first ``round(ratio * layers)``
-layers are checkpointed). A family without a schedule is ``unsupported``.
+layers are checkpointed). A family without a schedule is ``unsupported``. A
+``slapo-megatron`` case with pipeline stages or data-parallel replicas (``pp=``, ``tp=``) runs
+under :mod:`.slapo_3d`.
 """
 from __future__ import annotations
 
