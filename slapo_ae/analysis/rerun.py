@@ -13,22 +13,36 @@ import math
 import subprocess
 from pathlib import Path
 
-from slapo_ae.case import Case, parse_ckpt
+from slapo_ae.case import PIPELINE_MODES, Case, parse_ckpt
 from slapo_ae.harness.gpu_slots import GpuSlots
 from slapo_ae.harness.runner import DEFAULT_HARNESS, cpu_lock_dir, harness_command, harness_env
 from slapo_ae.harness.runspec import default_timeout
 from slapo_ae.record import Record, read_record
 
 
+def _int(row, key, default=None):
+    value = row.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return default
+    return int(value)
+
+
 def case_fields(row) -> dict:
-    """The fields of an aggregate row that make its case, with its id and samples/s."""
+    """The fields of an aggregate row that make its case, with its id and samples/s: its
+    nodes, and its pipeline stages, tensor-parallel ranks and micro-batch where it has stages
+    or replicas of a pipelined mode (the CSV holds the effective values)."""
     ckpt = row.get("ckpt")
     if ckpt is None or (isinstance(ckpt, float) and math.isnan(ckpt)):
         ckpt = "0"
-    return {"case_id": row.get("case_id"), "mode": row["mode"], "model": row["model"],
-            "gpus": int(row["gpus"]), "seq_len": int(row["seq_len"]),
-            "dec_seq_len": int(row["dec_seq_len"]), "batch_size": int(row["batch_size"]),
-            "ckpt": str(ckpt), "samples_per_s": float(row["samples_per_s"])}
+    fields = {"case_id": row.get("case_id"), "mode": row["mode"], "model": row["model"],
+              "gpus": int(row["gpus"]), "nodes": _int(row, "nodes", 1),
+              "seq_len": int(row["seq_len"]), "dec_seq_len": int(row["dec_seq_len"]),
+              "batch_size": int(row["batch_size"]), "ckpt": str(ckpt),
+              "samples_per_s": float(row["samples_per_s"])}
+    if row["mode"] in PIPELINE_MODES and (_int(row, "pp", 1) > 1 or _int(row, "dp", 1) > 1):
+        fields.update(pp=_int(row, "pp"), tp=_int(row, "tp"),
+                      micro_batch=_int(row, "micro_batch"))
+    return fields
 
 
 def run_again(fields: dict, out_dir: Path, steps: int, warmup: int, device: str, dtype: str,
@@ -41,7 +55,8 @@ def run_again(fields: dict, out_dir: Path, steps: int, warmup: int, device: str,
                 seq_len=fields["seq_len"], dec_seq_len=fields["dec_seq_len"],
                 batch_size=fields["batch_size"], batch_expr=str(fields["batch_size"]),
                 ckpt=parse_ckpt(fields["mode"], fields["ckpt"]), steps=steps, warmup=warmup,
-                dtype=dtype, device=device)
+                dtype=dtype, device=device, nodes=fields.get("nodes", 1),
+                **{key: fields[key] for key in ("pp", "tp", "micro_batch") if key in fields})
     record_path, log = out_dir / "record.json", out_dir / "run.log"
     record_path.unlink(missing_ok=True)  # a record left by an earlier run is not this one's
     cmd = harness_command(harness, case, default_timeout(device, steps), str(record_path),

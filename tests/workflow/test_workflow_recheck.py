@@ -158,3 +158,16 @@ def test_run_again_runs_a_rows_case_through_the_harness_holding_the_cpu_slot(tmp
     assert record.case["id"] == "eager__bert-tiny__g1__s16__b2__c0"
     assert len(record.metrics.step_times) == 3
     assert taken == [(str(tmp_path / "lock"), 1)]
+
+
+def test_a_rerun_keeps_the_rows_nodes_and_3d_layout():
+    from slapo_ae.analysis.rerun import case_fields
+
+    plain = case_fields(row("slapo-megatron", 1.0, 1.0, 1.0))
+    assert "pp" not in plain and plain["nodes"] == 1
+    staged = case_fields({**row("slapo-megatron", 1.0, 1.0, 1.0, gpus=4), "nodes": 2,
+                          "pp": 2, "tp": 2, "dp": 1, "micro_batch": 2})
+    assert (staged["nodes"], staged["pp"], staged["tp"], staged["micro_batch"]) == (2, 2, 2, 2)
+    zero3 = case_fields({**row("deepspeed", 1.0, 1.0, 1.0, gpus=4), "pp": 1, "tp": 1, "dp": 4,
+                         "micro_batch": 2})
+    assert "pp" not in zero3  # data parallel by its mode, not 3D
