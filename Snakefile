@@ -1,5 +1,6 @@
-# The artifact-evaluation workflow of Slapo (ASPLOS'24): Figure 7, Figure 9, Table 4 and the
-# paper's claims, for the cases of the active profile (configs/config.yaml).
+# The artifact-evaluation workflow of Slapo (ASPLOS'24): Figure 7, Figure 9, Figure 10 (the
+# autotuner), Table 4 and the paper's claims, for the cases of the active profile
+# (configs/config.yaml).
 #
 #   snakemake --workflow-profile workflow/profiles/default          everything (rule all)
 #   snakemake --workflow-profile workflow/profiles/default --config profile=cpu
@@ -16,6 +17,7 @@ include: "workflow/rules/e2e.smk"
 include: "workflow/rules/ablation.smk"
 include: "workflow/rules/loc.smk"
 include: "workflow/rules/claims.smk"
+include: "workflow/rules/autotune.smk"
 include: "workflow/rules/tests.smk"
 include: "workflow/rules/report.smk"
 
@@ -31,8 +33,10 @@ rule all:
         "figures/table4.tex",
         "results/claims.md",
         "results/claims.json",
+        # Figure 10, where the profile has tunings
+        autotune_outputs(),
         # every record a target too: a deleted record is made again (and the aggregates after
         # it), where as an intermediate file alone Snakemake would leave it missing
-        records("e2e"),
+        e2e_records,
         records("ablation"),
     default_target: True

@@ -74,6 +74,7 @@ class Case:
     no_dropout: bool = False
     overrides: dict = dataclasses.field(default_factory=dict, hash=False)  # model config fields
     nodes: int = 1  # machines the GPUs are spread over, gpus_per_node each
+    memory_per_rank: int | None = None  # MiB of data each rank may hold (RLIMIT_DATA), if capped
     # where the case was written; not part of what is measured
     source: str = dataclasses.field(default="", compare=False)
     line: int = dataclasses.field(default=0, compare=False)
@@ -127,6 +128,8 @@ class Case:
         del data["source"], data["line"]
         if self.nodes == 1:  # one node: the encoding (and so the workflow's jobs) as before
             del data["nodes"]
+        if self.memory_per_rank is None:  # likewise without a memory cap
+            del data["memory_per_rank"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -157,6 +160,8 @@ class Case:
             argv.append("--no-dropout")
         if self.nodes > 1:
             argv += ["--nodes", str(self.nodes)]
+        if self.memory_per_rank is not None:
+            argv += ["--memory-per-rank", str(self.memory_per_rank)]
         for key, value in self.overrides.items():
             argv += ["--override", f"{key}={json.dumps(value)}"]
         return argv
@@ -241,6 +246,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with the models' dropout)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="model config field (VALUE parsed as JSON when it can be)")
+    parser.add_argument("--memory-per-rank", type=int, default=None, metavar="MIB",
+                        help="cap the data each rank may hold (RLIMIT_DATA): an allocation past "
+                             "it fails and the case is recorded as oom (on CPU, where nothing "
+                             "else bounds a rank's memory)")
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -276,9 +285,12 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
         ckpt = parse_ckpt(args.mode, args.ckpt)
     except CaseError as err:
         raise CaseError(f"--ckpt: {err}") from None
+    if args.memory_per_rank is not None and args.memory_per_rank < 1:
+        raise CaseError(f"--memory-per-rank must be a positive number of MiB, got "
+                        f"{args.memory_per_rank}")
     return Case(mode=args.mode, model=args.model, gpus=args.gpus, seq_len=args.seq_len,
                 dec_seq_len=args.dec_seq_len, batch_size=batch, batch_expr=args.batch_size,
                 ckpt=ckpt, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                 device=device, seed=args.seed, lr=args.lr, no_dropout=args.no_dropout,
                 overrides=dict(parse_override(o) for o in args.override), nodes=args.nodes,
-                source=source)
+                memory_per_rank=args.memory_per_rank, source=source)

@@ -7,6 +7,8 @@ package that owns the files (the planner only asks).
   modules and its own family's schedule, which ``slapo.model_schedule`` names after the
   model type (``bert.py``), so that editing ``bert.py`` reruns the BERT cases of Slapo modes
   and nothing else.
+- A tuning's round (which trials next) runs the search of ``slapo/autotune``, which no case
+  runs, and the spec reader (:func:`tuning_sources`); its trials are cases.
 - An analysis step (CSV, figure, Table 4, claims) runs its module of ``slapo_ae/analysis`` and
   the modules that one imports (:data:`ANALYSIS_STEPS`, checked against the imports by
   ``tests/unit/test_layout.py``); ``gaps`` also reruns cases under the profiler, so the case
@@ -27,7 +29,10 @@ SCHEDULES = "slapo/model_schedule"
 # what every family's schedule imports: the package and its shared building blocks (the
 # package imports apply_schedule's module); every other module there is one family's schedule
 SHARED_SCHEDULE_MODULES = ("__init__.py", "common.py", "api.py")
-NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis")  # planning and analysis, not a case
+# planning, analysis and the tunings' rounds, not a case
+NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis", "slapo_ae/tuning.py",
+           "slapo_ae/harness/tune.py")
+AUTOTUNE = "slapo/autotune"  # the search: run by a tuning's rounds, never by a case
 # The modules of slapo_ae each analysis step imports (module-level), its own first.
 ANALYSIS_STEPS = {
     "aggregate": ("analysis/aggregate", "atomic", "paths", "zoo/configs"),
@@ -36,7 +41,12 @@ ANALYSIS_STEPS = {
     "claims": ("analysis/claims", "analysis/aggregate", "atomic", "paths", "zoo/configs"),
     "gaps": ("analysis/gaps", "analysis/claims", "analysis/aggregate", "atomic", "paths",
              "zoo/configs"),
+    "autotune": ("analysis/autotune", "atomic", "case", "cfg", "expr", "record", "tuning"),
 }
+# What a tuning's round job runs (slapo_ae/harness/tune.py): the spec reader, the records and
+# the search of slapo/autotune (with slapo's logger). Editing them reruns the rounds, which
+# are cheap; the trials are cases, cached by their own sources.
+TUNING_MODULES = ("harness/tune", "tuning", "atomic", "case", "cfg", "expr", "record")
 
 
 def _py_files(root: Path, folder: str) -> list[str]:
@@ -52,7 +62,8 @@ def _under(path: str, prefix: str) -> bool:
 def case_code(root: Path | str = paths.ROOT) -> list[str]:
     """Code every case runs, whatever its mode (see the module docstring)."""
     root = Path(root)
-    library = [f for f in _py_files(root, "slapo") if not _under(f, SCHEDULES)]
+    library = [f for f in _py_files(root, "slapo")
+               if not _under(f, SCHEDULES) and not _under(f, AUTOTUNE)]
     artifact = [f for f in _py_files(root, "slapo_ae")
                 if not any(_under(f, skip) for skip in NOT_RUN)]
     return library + artifact
@@ -89,6 +100,12 @@ def case_sources(case, root: Path | str = paths.ROOT, code: list[str] | None = N
         mine = {f"{SCHEDULES}/{name}" for name in (*SHARED_SCHEDULE_MODULES, f"{family}.py")}
         files += [f for f in _py_files(root, SCHEDULES) if f in mine]
     return files
+
+
+def tuning_sources(root: Path | str = paths.ROOT) -> list[str]:
+    """Files whose change reruns a tuning's rounds (:data:`TUNING_MODULES`, the search)."""
+    return ([f"slapo_ae/{name}.py" for name in TUNING_MODULES]
+            + _py_files(Path(root), AUTOTUNE) + ["slapo/logger.py"])
 
 
 def analysis_sources(step: str, root: Path | str = paths.ROOT) -> list[str]:

@@ -13,7 +13,8 @@ LIGHT = ["slapo_ae.case", "slapo_ae.cfg", "slapo_ae.record", "slapo_ae.atomic", 
          "slapo_ae.sources", "slapo_ae.zoo", "slapo_ae.zoo.configs", "slapo_ae.harness.cli",
          "slapo_ae.harness.runner", "slapo_ae.analysis.aggregate", "slapo_ae.analysis.plots",
          "slapo_ae.analysis.claims", "slapo_ae.analysis.gaps", "slapo_ae.analysis.table4",
-         "slapo_ae.analysis.kick", "slapo_ae.analysis.gpu_check"]
+         "slapo_ae.analysis.kick", "slapo_ae.analysis.gpu_check", "slapo_ae.tuning",
+         "slapo_ae.analysis.autotune"]
 
 
 def loaded_after(imports: list[str]) -> set[str]:

@@ -48,6 +48,8 @@ try:
     validate_config()
     PROFILE = plan.resolve(config)
     CASES = plan.load_cases(PROFILE)  # {experiment: {case_id: Case}}
+    TUNINGS = plan.load_tunings(PROFILE)  # {name: TuningSpec}
+    CASES.update(plan.tuning_cases(TUNINGS))  # every point of a tuning, as a case
 except plan.PlanError as err:
     refuse(err)
 
@@ -59,6 +61,8 @@ plan.export_slots(config, PROFILE)  # GPU slot folder and count, for the jobs' e
 
 def case_of(wildcards):
     try:
+        if wildcards.experiment == "e2e" and config["tuned"]:
+            return e2e_cases()[wildcards.case_id]  # the tuned cases among them (autotune.smk)
         return CASES[wildcards.experiment][wildcards.case_id]
     except KeyError:
         raise ValueError(
@@ -72,7 +76,10 @@ def case_inputs(wildcards):
 
 
 def job_case(wildcards):
-    return plan.job_case(case_of(wildcards), PROFILE).to_json()
+    tuning = None  # a tuning's trials take its steps and warm-up
+    if wildcards.experiment.startswith("autotune/"):
+        tuning = TUNINGS[wildcards.experiment.removeprefix("autotune/")]
+    return plan.job_case(case_of(wildcards), PROFILE, tuning).to_json()
 
 
 def case_gpus(wildcards):
@@ -93,6 +100,14 @@ def records(experiment):
         f"results/{experiment}/{PROFILE['name']}/{case_id}.json"
         for case_id in CASES[experiment]
     ]
+
+
+def e2e_records(wildcards=None):
+    """The e2e records; with ``--config tuned=true`` the tuned cases in place of theirs (known
+    once the tunings are done: see autotune.smk)."""
+    if not config["tuned"]:
+        return records("e2e")
+    return [f"results/e2e/{PROFILE['name']}/{case_id}.json" for case_id in e2e_cases()]
 
 
 def table4_inputs(wildcards):
