@@ -250,7 +250,7 @@ def load_tuning(path: str | Path, known_models=None) -> TuningSpec:
     if SYMBOL.fullmatch(ckpt_field) and ckpt_field not in names:
         fail(("case",), f"CKPT {ckpt_field!r} is no symbol; symbols: {', '.join(names)}")
 
-    constraints = data.get("constraints", [])
+    constraints = data.get("constraints") or []
     if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
         fail(("constraints",), "a list of expressions, e.g. ['batch_size % n == 0']")
     for i, text in enumerate(constraints):

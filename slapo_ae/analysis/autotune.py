@@ -54,13 +54,14 @@ def _final_rounds(paths) -> dict[str, dict[str, dict]]:
 
 def _point(case_id: str, records: Path, ran_by: list[str]) -> dict:
     if not ran_by:
-        return {"status": "not-run", "device_name": None, "reason": "", "samples_per_s": None, "q1": None,
-                "q3": None, "record": None}
+        return {"status": "not-run", "device_name": None, "reason": "", "samples_per_s": None,
+                "q1": None, "q3": None, "record": None}
     path = records / f"{case_id}.json"
     rec = read_record(path)
     spread = rec.metrics.spread or {}
     ok = rec.status == "ok"
-    return {"status": rec.status, "device_name": rec.env.get("device_name"), "reason": rec.reason.splitlines()[0] if rec.reason else "",
+    return {"status": rec.status, "device_name": rec.env.get("device_name"),
+            "reason": rec.reason.splitlines()[0] if rec.reason else "",
             "samples_per_s": rec.metrics.samples_per_s if ok else None,
             "q1": spread.get("q1") if ok else None, "q3": spread.get("q3") if ok else None,
             "record": str(path)}

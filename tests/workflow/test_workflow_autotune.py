@@ -98,7 +98,7 @@ def test_the_pruning_search_runs_its_trials_as_cached_cases(repo):
     assert case.id == spec.case_for(want.best.config).id
 
     # a second run does nothing; the rounds are the records of the decisions
-    assert repo.dry_run() == {}
+    assert repo.dry_run("results/autotune.csv", "figures/autotune.pdf") == {}
     rounds = sorted((repo.path / "results/autotune/test/test/prune").glob("round*.json"))
     assert len(rounds) == summary["strategies"]["prune"]["rounds"] + 1
 

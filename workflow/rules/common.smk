@@ -50,6 +50,7 @@ try:
     CASES = plan.load_cases(PROFILE)  # {experiment: {case_id: Case}}
     TUNINGS = plan.load_tunings(PROFILE)  # {name: TuningSpec}
     CASES.update(plan.tuning_cases(TUNINGS))  # every point of a tuning, as a case
+    TUNED = config["tuned"] in (True, "true")  # --config tuned=true: the tuned Figure 7 cases
 except plan.PlanError as err:
     refuse(err)
 
@@ -61,7 +62,7 @@ plan.export_slots(config, PROFILE)  # GPU slot folder and count, for the jobs' e
 
 def case_of(wildcards):
     try:
-        if wildcards.experiment == "e2e" and config["tuned"]:
+        if wildcards.experiment == "e2e" and TUNED:
             return e2e_cases()[wildcards.case_id]  # the tuned cases among them (autotune.smk)
         return CASES[wildcards.experiment][wildcards.case_id]
     except KeyError:
@@ -105,7 +106,7 @@ def records(experiment):
 def e2e_records(wildcards=None):
     """The e2e records; with ``--config tuned=true`` the tuned cases in place of theirs (known
     once the tunings are done: see autotune.smk)."""
-    if not config["tuned"]:
+    if not TUNED:
         return records("e2e")
     return [f"results/e2e/{PROFILE['name']}/{case_id}.json" for case_id in e2e_cases()]
 
