@@ -200,8 +200,9 @@ def _heat_map(ax, fig, tuning: dict) -> None:
     best = (f"best {chosen['samples_per_s']:.4g} samples/s at {chosen['config']}" if chosen
             else "no trial ok")
     where = ", ".join(tuning["devices"]) or "no device"
+    cpu = all(d.startswith("cpu") for d in tuning["devices"])
     ax.set_title(f"{tuning['tuning']}: {tuning['mode']} {tuning['model']}, {tuning['gpus']} "
-                 f"GPUs or ranks ({where})\n"
+                 f"{'CPU rank' if cpu else 'GPU'}{'s' if tuning['gpus'] > 1 else ''} ({where})\n"
                  f"grid {tuning['grid_size']} ({strategies}); {best}", fontsize=8)
 
 
