@@ -50,11 +50,14 @@ rule autotune_table:
         cfg="results/autotune.cfg",
     log:
         "results/logs/autotune_table.log",
+    params:
+        # a dry run formats the command before the rounds have run (no `rounds` input yet)
+        rounds=lambda wildcards, input: input.get("rounds", []),
     conda:
         ENV
     shell:
         "python -m slapo_ae.analysis.autotune table --csv {output.csv} --json {output.json} "
-        "--cfg {output.cfg} {input.rounds} > {log} 2>&1"
+        "--cfg {output.cfg} {params.rounds} > {log} 2>&1"
 
 
 rule autotune_figure:

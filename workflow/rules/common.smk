@@ -166,7 +166,8 @@ def autotune_round_inputs(wildcards):
 
 
 def previous_option(wildcards, input):
-    return f"--previous {input.previous}" if int(wildcards.k) > 0 else ""
+    previous = input.get("previous")  # absent in round 0 (and while round k - 1 is pending)
+    return f"--previous {previous}" if previous else ""
 
 
 def autotune_table_inputs(wildcards):
