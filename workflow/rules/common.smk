@@ -63,7 +63,7 @@ plan.export_slots(config, PROFILE)  # GPU slot folder and count, for the jobs' e
 def case_of(wildcards):
     try:
         if wildcards.experiment == "e2e" and TUNED:
-            return e2e_cases()[wildcards.case_id]  # the tuned cases among them (autotune.smk)
+            return e2e_cases()[wildcards.case_id]  # the tuned cases among them (below)
         return CASES[wildcards.experiment][wildcards.case_id]
     except KeyError:
         raise ValueError(
@@ -105,7 +105,7 @@ def records(experiment):
 
 def e2e_records(wildcards=None):
     """The e2e records; with ``--config tuned=true`` the tuned cases in place of theirs (known
-    once the tunings are done: see autotune.smk)."""
+    once the tunings are done: e2e_cases below)."""
     if not TUNED:
         return records("e2e")
     return [f"results/e2e/{PROFILE['name']}/{case_id}.json" for case_id in e2e_cases()]
