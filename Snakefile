@@ -1,5 +1,6 @@
-# The artifact-evaluation workflow of Slapo (ASPLOS'24): Figures 7, 8 and 9, Table 4 and the
-# paper's claims, for the cases of the active profile (configs/config.yaml).
+# The artifact-evaluation workflow of Slapo (ASPLOS'24): Figures 7, 8, 9 and 10 (the
+# autotuner), Table 4 and the paper's claims, for the cases of the active profile
+# (configs/config.yaml).
 #
 #   snakemake --workflow-profile workflow/profiles/default          everything (rule all)
 #   snakemake --workflow-profile workflow/profiles/default --config profile=cpu
@@ -17,6 +18,7 @@ include: "workflow/rules/ablation.smk"
 include: "workflow/rules/multinode.smk"
 include: "workflow/rules/loc.smk"
 include: "workflow/rules/claims.smk"
+include: "workflow/rules/autotune.smk"
 include: "workflow/rules/tests.smk"
 include: "workflow/rules/report.smk"
 
@@ -34,9 +36,11 @@ rule all:
         "figures/table4.tex",
         "results/claims.md",
         "results/claims.json",
+        # Figure 10, where the profile has tunings
+        autotune_outputs(),
         # every record a target too: a deleted record is made again (and the aggregates after
         # it), where as an intermediate file alone Snakemake would leave it missing
-        records("e2e"),
+        e2e_records,
         records("ablation"),
         records("multinode"),
     default_target: True

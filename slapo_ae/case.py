@@ -93,6 +93,7 @@ class Case:
     pp: int = 1  # pipeline stages (megatron, slapo-megatron)
     tp: int | None = None  # tensor-parallel ranks per stage; None: gpus // pp
     micro_batch: int | None = None  # samples per micro-batch; None: replica's batch / pp
+    memory_per_rank: int | None = None  # MiB of data each rank may hold (RLIMIT_DATA), if capped
     # where the case was written; not part of what is measured
     source: str = dataclasses.field(default="", compare=False)
     line: int = dataclasses.field(default=0, compare=False)
@@ -185,8 +186,9 @@ class Case:
         data = dataclasses.asdict(self)
         del data["source"], data["line"]
         # settings left at their defaults are left out: the encoding (and so the workflow's
-        # jobs) of a case on one node without 3D settings is what it was before them
-        for name, default in (("nodes", 1), ("pp", 1), ("tp", None), ("micro_batch", None)):
+        # jobs) of a case on one node without 3D settings or a memory cap is what it was before them
+        for name, default in (("nodes", 1), ("pp", 1), ("tp", None), ("micro_batch", None),
+                              ("memory_per_rank", None)):
             if data[name] == default:
                 del data[name]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -225,6 +227,8 @@ class Case:
             argv += ["--tp", str(self.tp)]
         if self.micro_batch is not None:
             argv += ["--micro-batch", str(self.micro_batch)]
+        if self.memory_per_rank is not None:
+            argv += ["--memory-per-rank", str(self.memory_per_rank)]
         for key, value in self.overrides.items():
             argv += ["--override", f"{key}={json.dumps(value)}"]
         return argv
@@ -356,6 +360,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with the models' dropout)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="model config field (VALUE parsed as JSON when it can be)")
+    parser.add_argument("--memory-per-rank", type=int, default=None, metavar="MIB",
+                        help="cap the data each rank may hold (RLIMIT_DATA): an allocation past "
+                             "it fails and the case is recorded as oom (on CPU, where nothing "
+                             "else bounds a rank's memory)")
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -395,9 +403,13 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
         check_parallelism(args.mode, args.gpus, batch, args.pp, args.tp, args.micro_batch)
     except CaseError as err:
         raise CaseError(f"--pp/--tp/--micro-batch: {err}") from None
+    if args.memory_per_rank is not None and args.memory_per_rank < 1:
+        raise CaseError(f"--memory-per-rank must be a positive number of MiB, got "
+                        f"{args.memory_per_rank}")
     return Case(mode=args.mode, model=args.model, gpus=args.gpus, seq_len=args.seq_len,
                 dec_seq_len=args.dec_seq_len, batch_size=batch, batch_expr=args.batch_size,
                 ckpt=ckpt, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                 device=device, seed=args.seed, lr=args.lr, no_dropout=args.no_dropout,
                 overrides=dict(parse_override(o) for o in args.override), nodes=args.nodes,
-                pp=args.pp, tp=args.tp, micro_batch=args.micro_batch, source=source)
+                pp=args.pp, tp=args.tp, micro_batch=args.micro_batch,
+                memory_per_rank=args.memory_per_rank, source=source)

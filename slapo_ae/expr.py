@@ -5,7 +5,8 @@ The cfg files give the global batch as an expression of ``n`` (REFERENCE.md), fo
 The text is parsed with :func:`ast.parse` and walked against an allow-list; nothing is ever
 compiled or executed. Allowed:
 
-- int and float constants, the name ``n``;
+- int and float constants, the name ``n`` (:func:`evaluate_in`: the names it is given, as a
+  tuning's constraints name its symbols);
 - ``+ - * / // % **`` (``**``: exponent at most ``MAX_EXPONENT`` in magnitude), unary ``-``/``+``;
 - comparisons ``< <= > >= == !=`` (chained), ``and``, ``or``, ``not``, ``a if c else b``;
 - calls with positional arguments to ``min``, ``max``, ``int``, ``round``, ``abs`` and
@@ -88,8 +89,10 @@ def _describe(node: ast.AST) -> str:
     return f"{type(node).__name__} expression"
 
 
-def _refuse(node: ast.AST, text: str) -> ExpressionError:
-    return ExpressionError(f"{text!r}: {_describe(node)} is not allowed (allowed: {ALLOWED})")
+def _refuse(node: ast.AST, text: str, names=("n",)) -> ExpressionError:
+    allowed = ALLOWED if tuple(names) == ("n",) else ALLOWED.replace(
+        "numbers, n,", f"numbers, the names {', '.join(names)},")
+    return ExpressionError(f"{text!r}: {_describe(node)} is not allowed (allowed: {allowed})")
 
 
 def _func_name(func: ast.AST) -> str | None:
@@ -101,17 +104,17 @@ def _func_name(func: ast.AST) -> str | None:
     return None
 
 
-def _check(node: ast.AST, text: str) -> None:
+def _check(node: ast.AST, text: str, names=("n",)) -> None:
     """Walk the tree and refuse any node outside the allow-list (no evaluation)."""
     if isinstance(node, ast.Expression):
-        return _check(node.body, text)
+        return _check(node.body, text, names)
     if isinstance(node, ast.Constant):
         if type(node.value) not in (int, float):
             raise _refuse(node, text)
         return
     if isinstance(node, ast.Name):
-        if node.id != "n":
-            raise _refuse(node, text)
+        if node.id not in names:
+            raise _refuse(node, text, names)
         return
     if isinstance(node, ast.BinOp):
         if type(node.op) not in _BINOPS:
@@ -150,11 +153,12 @@ def _check(node: ast.AST, text: str) -> None:
     else:
         raise _refuse(node, text)
     for child in children:
-        _check(child, text)
+        _check(child, text, names)
 
 
-def parse(text: str) -> ast.Expression:
-    """Parse and check ``text``; return its tree. Raises :class:`ExpressionError`."""
+def parse(text: str, names=("n",)) -> ast.Expression:
+    """Parse and check ``text`` (whose only names may be ``names``); return its tree. Raises
+    :class:`ExpressionError`."""
     if not isinstance(text, str):
         raise ExpressionError(f"expression must be a string, got {type(text).__name__}")
     if len(text) > MAX_LENGTH:
@@ -166,7 +170,7 @@ def parse(text: str) -> ast.Expression:
     except (RecursionError, MemoryError, ValueError):
         raise ExpressionError(f"{text!r}: cannot be parsed (too deeply nested?)") from None
     try:
-        _check(tree, text)
+        _check(tree, text, tuple(names))
     except RecursionError:
         raise ExpressionError(f"{text!r}: too deeply nested") from None
     return tree
@@ -193,27 +197,27 @@ def _power(base, exp, text: str):
     return result
 
 
-def _eval(node: ast.AST, n, text: str):
+def _eval(node: ast.AST, env: dict, text: str):
     if isinstance(node, ast.Expression):
-        return _eval(node.body, n, text)
+        return _eval(node.body, env, text)
     if isinstance(node, ast.Constant):
         return _bounded(node.value, text)
     if isinstance(node, ast.Name):
-        return n
+        return env[node.id]
     if isinstance(node, ast.BinOp):
-        left, right = _eval(node.left, n, text), _eval(node.right, n, text)
+        left, right = _eval(node.left, env, text), _eval(node.right, env, text)
         if isinstance(node.op, ast.Pow):
             return _bounded(_power(left, right, text), text)
         return _bounded(_BINOPS[type(node.op)](left, right), text)
     if isinstance(node, ast.UnaryOp):
-        value = _eval(node.operand, n, text)
+        value = _eval(node.operand, env, text)
         if isinstance(node.op, ast.Not):
             return not value
         return -value if isinstance(node.op, ast.USub) else +value
     if isinstance(node, ast.Compare):
-        left = _eval(node.left, n, text)
+        left = _eval(node.left, env, text)
         for op, comp in zip(node.ops, node.comparators):
-            right = _eval(comp, n, text)
+            right = _eval(comp, env, text)
             if not _CMPOPS[type(op)](left, right):
                 return False
             left = right
@@ -222,27 +226,35 @@ def _eval(node: ast.AST, n, text: str):
         is_and = isinstance(node.op, ast.And)
         value = None
         for sub in node.values:
-            value = _eval(sub, n, text)
+            value = _eval(sub, env, text)
             if bool(value) != is_and:  # short-circuit like Python
                 return value
         return value
     if isinstance(node, ast.IfExp):
-        return _eval(node.body if _eval(node.test, n, text) else node.orelse, n, text)
+        return _eval(node.body if _eval(node.test, env, text) else node.orelse, env, text)
     if isinstance(node, ast.Call):
         func = _FUNCS[_func_name(node.func)][0]
-        return _bounded(func(*(_eval(a, n, text) for a in node.args)), text)
+        return _bounded(func(*(_eval(a, env, text) for a in node.args)), text)
     raise _refuse(node, text)  # unreachable after _check
 
 
 def evaluate(text: str, n: int | float):
     """Evaluate the expression ``text`` with ``n`` bound to the GPU count; return a number."""
-    tree = parse(text)
+    return evaluate_in(text, {"n": n})
+
+
+def evaluate_in(text: str, env: dict):
+    """Evaluate ``text`` with the names of ``env`` bound to their numbers (for example a
+    tuning's constraint ``batch_size % n == 0`` with ``{"batch_size": 48, "n": 2}``); any
+    other name is refused. Returns a number or a bool."""
+    tree = parse(text, tuple(env))
     try:
-        return _eval(tree, n, text)
+        return _eval(tree, env, text)
     except ExpressionError:
         raise
     except (ArithmeticError, TypeError, ValueError) as err:
-        raise ExpressionError(f"{text!r} with n={n}: {type(err).__name__}: {err}") from None
+        bound = ", ".join(f"{k}={v!r}" for k, v in env.items())
+        raise ExpressionError(f"{text!r} with {bound}: {type(err).__name__}: {err}") from None
 
 
 def batch_size(text: str, n: int) -> int:

@@ -8,6 +8,8 @@ package that owns the files (the planner only asks).
   model type (``bert.py``), so that editing ``bert.py`` reruns the BERT cases of Slapo modes
   and nothing else. A case on several nodes also runs ``scripts/srun_case.sh`` (under Slurm,
   the one way its agents start there).
+- A tuning's round (which trials next) runs the search of ``slapo/autotune``, which no case
+  runs, and the spec reader (:func:`tuning_sources`); its trials are cases.
 - An analysis step (CSV, figure, Table 4, claims) runs its module of ``slapo_ae/analysis`` and
   the modules that one imports (:data:`ANALYSIS_STEPS`, checked against the imports by
   ``tests/unit/test_layout.py``); ``gaps`` and ``recheck`` also run cases again, so the case
@@ -28,8 +30,11 @@ SCHEDULES = "slapo/model_schedule"
 # what every family's schedule imports: the package and its shared building blocks (the
 # package imports apply_schedule's module); every other module there is one family's schedule
 SHARED_SCHEDULE_MODULES = ("__init__.py", "common.py", "api.py")
-NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis")  # planning and analysis, not a case
+# planning, analysis and the tunings' rounds, not a case
+NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis", "slapo_ae/tuning.py",
+           "slapo_ae/harness/tune.py")
 SRUN_CASE = "scripts/srun_case.sh"  # how the agents of a case on several nodes start under srun
+AUTOTUNE = "slapo/autotune"  # the search: run by a tuning's rounds, never by a case
 # The modules of slapo_ae each analysis step imports (module-level), its own first.
 ANALYSIS_STEPS = {
     "aggregate": ("analysis/aggregate", "atomic", "paths", "zoo/configs"),
@@ -40,8 +45,13 @@ ANALYSIS_STEPS = {
              "atomic", "paths", "zoo/configs"),
     "recheck": ("analysis/recheck", "analysis/gaps", "analysis/claims", "analysis/aggregate",
                 "analysis/rerun", "atomic", "paths", "zoo/configs"),
+    "autotune": ("analysis/autotune", "atomic", "case", "cfg", "expr", "record", "tuning"),
 }
 RERUNS_CASES = ("gaps", "recheck")  # analysis steps that run cases: the case code is input
+# What a tuning's round job runs (slapo_ae/harness/tune.py): the spec reader, the records and
+# the search of slapo/autotune (with slapo's logger). Editing them reruns the rounds, which
+# are cheap; the trials are cases, cached by their own sources.
+TUNING_MODULES = ("harness/tune", "tuning", "atomic", "case", "cfg", "expr", "record")
 
 
 def _py_files(root: Path, folder: str) -> list[str]:
@@ -57,7 +67,8 @@ def _under(path: str, prefix: str) -> bool:
 def case_code(root: Path | str = paths.ROOT) -> list[str]:
     """Code every case runs, whatever its mode (see the module docstring)."""
     root = Path(root)
-    library = [f for f in _py_files(root, "slapo") if not _under(f, SCHEDULES)]
+    library = [f for f in _py_files(root, "slapo")
+               if not _under(f, SCHEDULES) and not _under(f, AUTOTUNE)]
     artifact = [f for f in _py_files(root, "slapo_ae")
                 if not any(_under(f, skip) for skip in NOT_RUN)]
     return library + artifact
@@ -96,6 +107,12 @@ def case_sources(case, root: Path | str = paths.ROOT, code: list[str] | None = N
     if case.nodes > 1:
         files.append(SRUN_CASE)
     return files
+
+
+def tuning_sources(root: Path | str = paths.ROOT) -> list[str]:
+    """Files whose change reruns a tuning's rounds (:data:`TUNING_MODULES`, the search)."""
+    return ([f"slapo_ae/{name}.py" for name in TUNING_MODULES]
+            + _py_files(Path(root), AUTOTUNE) + ["slapo/logger.py"])
 
 
 def analysis_sources(step: str, root: Path | str = paths.ROOT) -> list[str]:

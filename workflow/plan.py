@@ -40,9 +40,11 @@ from slapo_ae.harness.runner import (  # a light module
     SLOTS_DIR_ENV,
     SLOTS_TOTAL_ENV,
 )
+from slapo_ae.tuning import TuningError, TuningSpec, load_tuning
 from slapo_ae.zoo.configs import list_models
 
-EXPERIMENTS = ("e2e", "ablation", "multinode")
+CFG_EXPERIMENTS = ("e2e", "ablation", "multinode")  # cfg files of cases
+EXPERIMENTS = (*CFG_EXPERIMENTS, "autotune")  # autotune lists tuning specs
 PROFILE_BY_GPUS = ((8, "paper"), (1, "gpu1"), (0, "cpu"))  # (at least this many GPUs, profile)
 
 
@@ -101,7 +103,8 @@ def load_cases(settings: dict, root: Path | str = ".") -> dict[str, dict[str, Ca
     root = Path(root)
     models = set(list_models())
     errors, cases = [], {}
-    for exp, cfgs in settings["experiments"].items():
+    for exp in CFG_EXPERIMENTS:
+        cfgs = settings["experiments"].get(exp, [])
         cases[exp] = {}
         for cfg in cfgs:
             path = root / cfg
@@ -143,6 +146,60 @@ def spread_over_nodes(case: Case, settings: dict) -> Case:
     return dataclasses.replace(case, nodes=case.gpus // per_node)
 
 
+def load_tunings(settings: dict, root: Path | str = ".") -> dict[str, TuningSpec]:
+    """``{name: TuningSpec}`` of the profile's tuning specs (``experiments.autotune``).
+
+    Raises :class:`PlanError` listing every bad spec (``file:line: ...``) and any tuning name
+    (a spec's file stem) that two specs share.
+    """
+    root = Path(root)
+    models = set(list_models())
+    errors, tunings = [], {}
+    for rel in settings["experiments"].get("autotune", []):
+        path = root / rel
+        if not path.is_file():
+            errors.append(f"{rel}: no such tuning spec (profile {settings['name']}, autotune)")
+            continue
+        try:
+            spec = load_tuning(path, known_models=models)
+        except TuningError as err:
+            errors.append(str(err).replace(str(path), rel, 1))
+            continue
+        if spec.name in tunings:
+            errors.append(f"{rel}: a second tuning named {spec.name!r} (also "
+                          f"{tunings[spec.name].path})")
+            continue
+        tunings[spec.name] = dataclasses.replace(spec, path=rel)
+    if errors:
+        raise PlanError("\n".join(errors))
+    return tunings
+
+
+def tuning_experiment(name: str) -> str:
+    """The experiment (records folder under results/) of a tuning's trials."""
+    return f"autotune/{name}"
+
+
+def tuning_cases(tunings: dict[str, TuningSpec]) -> dict[str, dict[str, Case]]:
+    """``{experiment: {case_id: Case}}``: every point of each tuning as a case (which of them
+    run is decided by the tuning's rounds)."""
+    return {tuning_experiment(name): {cid: case for cid, (_, case) in spec.cases().items()}
+            for name, spec in tunings.items()}
+
+
+def tuned_e2e(cases: dict[str, Case], chosen: list[Case]) -> dict[str, Case]:
+    """The e2e cases with each tuning's chosen case in place of the case of the same system,
+    model, GPUs and sequence lengths (added where the profile has none), without the tuning's
+    memory cap: the Figure 7 case of that model with the tuned batch and ratio."""
+    def cell(case: Case) -> tuple:
+        return case.mode, case.model, case.gpus, case.nodes, case.seq_len, case.dec_seq_len
+
+    tuned = {cell(c): dataclasses.replace(c, memory_per_rank=None) for c in chosen}
+    out = {cid: case for cid, case in cases.items() if cell(case) not in tuned}
+    out.update({case.id: case for case in tuned.values()})
+    return out
+
+
 def check_yaml(path: str | Path) -> None:
     """Raise :class:`PlanError` naming ``path:line:column`` when ``path`` is no valid YAML
     (a missing file is left to Snakemake, which says so)."""
@@ -174,13 +231,16 @@ def check_config(config: dict, schema_path: str | Path) -> None:
         raise PlanError(f"configs/config.yaml (or --config): {key}: {errors[0].message}")
 
 
-def job_case(case: Case, settings: dict) -> Case:
+def job_case(case: Case, settings: dict, tuning: TuningSpec | None = None) -> Case:
     """What a case's job is given (its Snakemake ``params``): the case with the profile's run
-    settings that shape the result (steps, warm-up, dtype, device). No cfg file name or line
-    number, so moving a line reruns nothing; no timeout (a job resource), so raising it does
-    not rerun finished cases."""
-    return case.for_run(settings["steps"], settings["warmup"], settings["dtype"],
-                        settings["device"])
+    settings that shape the result (steps, warm-up, dtype, device; a tuning's trials take its
+    own steps and warm-up where it sets them). No cfg file name or line number, so moving a
+    line reruns nothing; no timeout (a job resource), so raising it does not rerun finished
+    cases."""
+    steps, warmup = settings["steps"], settings["warmup"]
+    if tuning is not None and tuning.steps is not None:
+        steps, warmup = tuning.steps, tuning.warmup
+    return case.for_run(steps, warmup, settings["dtype"], settings["device"])
 
 
 def gpus_resource(case: Case, settings: dict) -> int:
@@ -311,11 +371,15 @@ def main(argv=None) -> int:
         config["profile"] = args.profile
     settings = resolve(config)
     cases = load_cases(settings)
+    tunings = load_tunings(settings)
     print(f"profile {settings['name']} ({settings['gpus_available']} GPUs visible, device "
           f"{settings['device']}, {settings['dtype']}, {settings['steps']} steps of which "
           f"{settings['warmup']} warm-up)")
     for exp, found in cases.items():
         print(f"  {exp}: {len(found)} cases from {', '.join(settings['experiments'][exp])}")
+    for name, spec in tunings.items():
+        print(f"  autotune {name}: a grid of {len(spec.points())} points "
+              f"({', '.join(spec.strategies)}) from {spec.path}")
     return 0
 
 

@@ -107,10 +107,7 @@ def spec_from_args(args) -> RunSpec:
                          ("--profile", Path(args.profile) if args.profile else None)):
         if folder is not None:
             _writable(flag, folder)
-    if args.memory_per_rank is not None and args.memory_per_rank < 1:
-        raise UsageError(f"--memory-per-rank must be a positive number of MiB, got "
-                         f"{args.memory_per_rank}")
-    memory = args.memory_per_rank * 2**20 if args.memory_per_rank else None
+    memory = case.memory_per_rank * 2**20 if case.memory_per_rank else None
     return RunSpec(case=case, out=str(out), log=log, timeout=float(timeout),
                    case_id=args.case_id, cores=cores, memory_per_rank=memory,
                    profile_dir=args.profile, rdzv_endpoint=args.rdzv_endpoint)
@@ -189,10 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU cores the case holds; each of its ranks runs max(1, CORES // "
                         "ranks) threads, whatever OMP_NUM_THREADS says (default: one per rank "
                         "on CPU, where a rank stands for a GPU; all available on CUDA)")
-    p.add_argument("--memory-per-rank", type=int, default=None, metavar="MIB",
-                   help="cap the data each rank may hold (RLIMIT_DATA): an allocation past it "
-                        "fails and the case is recorded as oom (on CPU, where nothing else "
-                        "bounds a rank's memory)")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="profile the timed steps with torch.profiler: each rank writes its "
                         "operator table and trace to DIR (slows the run; the record says so)")

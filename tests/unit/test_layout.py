@@ -14,7 +14,8 @@ LIGHT = ["slapo_ae.case", "slapo_ae.cfg", "slapo_ae.record", "slapo_ae.atomic", 
          "slapo_ae.harness.runner", "slapo_ae.harness.launch", "slapo_ae.harness.systems",
          "slapo_ae.analysis.aggregate", "slapo_ae.analysis.plots", "slapo_ae.analysis.claims",
          "slapo_ae.analysis.gaps", "slapo_ae.analysis.recheck", "slapo_ae.analysis.table4",
-         "slapo_ae.analysis.kick", "slapo_ae.analysis.gpu_check"]
+         "slapo_ae.analysis.kick", "slapo_ae.analysis.gpu_check", "slapo_ae.tuning",
+         "slapo_ae.analysis.autotune"]
 
 
 def loaded_after(imports: list[str]) -> set[str]:

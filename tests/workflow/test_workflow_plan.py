@@ -256,3 +256,34 @@ def test_a_case_on_several_nodes_depends_on_the_srun_script():
     files = sources.case_sources(_tiny_case(nodes=2), REPO)
     assert sources.SRUN_CASE in files and (REPO / sources.SRUN_CASE).is_file()
     assert sources.SRUN_CASE not in sources.case_sources(_tiny_case(gpus=8), REPO)
+
+
+def test_profiles_list_their_tunings_and_a_tuned_case_takes_its_cells_place():
+    paper = plan.resolve({**CONFIG, "profile": "paper", "gpus": 8})
+    (spec,) = plan.load_tunings(paper, REPO).values()
+    assert spec.path == "configs/autotune/wideresnet_2.4B_g4.yaml"
+    trials = plan.tuning_cases({spec.name: spec})[f"autotune/{spec.name}"]
+    assert len(trials) == 91
+    e2e = plan.load_cases(paper, REPO)["e2e"]
+    tuned = spec.case_for({"batch_size": 136, "ckpt_ratio": 0.67})
+    fed_back = plan.tuned_e2e(e2e, [tuned])
+    assert "slapo-deepspeed__wideresnet-2.4B__g4__s1__b144__c0.5" in e2e
+    assert "slapo-deepspeed__wideresnet-2.4B__g4__s1__b144__c0.5" not in fed_back
+    assert tuned.id in fed_back and len(fed_back) == len(e2e)
+    cpu = plan.resolve({**CONFIG, "profile": "cpu", "gpus": 0})
+    (small,) = plan.load_tunings(cpu, REPO).values()
+    trial = next(iter(small.cases().values()))[1]
+    job = plan.job_case(trial, cpu, small)
+    assert (job.steps, job.warmup) == (small.steps, small.warmup) and job.memory_per_rank
+    assert plan.tuned_e2e({}, [trial])[trial.id].memory_per_rank is None  # Figure 7: no cap
+    assert plan.load_tunings(plan.resolve({**CONFIG, "profile": "gpu1", "gpus": 1}), REPO) == {}
+
+
+def test_a_bad_tuning_spec_is_a_plan_error_naming_it(tmp_path):
+    (tmp_path / "t.yaml").write_text("case: 'eager bert-tiny 1 16 0 b 0'\nsymbols: {b: 3}\n")
+    settings = {"name": "x", "experiments": {"autotune": ["t.yaml", "missing.yaml"]}}
+    with pytest.raises(plan.PlanError) as err:
+        plan.load_tunings(settings, tmp_path)
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith("t.yaml:2: symbols.b: give")
+    assert lines[1] == "missing.yaml: no such tuning spec (profile x, autotune)"

@@ -14,7 +14,8 @@ rule case:
         case=job_case,
         harness=config["harness"],
     wildcard_constraints:
-        experiment="e2e|ablation|multinode",
+        # a tuning's trials: autotune/<tuning> (autotune.smk)
+        experiment="e2e|ablation|multinode|autotune/[A-Za-z][A-Za-z0-9_.-]*",
         profile=PROFILE["name"],
         case_id="[^/]+",
     threads: case_threads

@@ -48,6 +48,9 @@ try:
     validate_config()
     PROFILE = plan.resolve(config)
     CASES = plan.load_cases(PROFILE)  # {experiment: {case_id: Case}}
+    TUNINGS = plan.load_tunings(PROFILE)  # {name: TuningSpec}
+    CASES.update(plan.tuning_cases(TUNINGS))  # every point of a tuning, as a case
+    TUNED = config["tuned"] in (True, "true")  # --config tuned=true: the tuned Figure 7 cases
 except plan.PlanError as err:
     refuse(err)
 
@@ -60,6 +63,8 @@ plan.export_nodes_via(config)  # where the agents of a case on several nodes run
 
 def case_of(wildcards):
     try:
+        if wildcards.experiment == "e2e" and TUNED:
+            return e2e_cases()[wildcards.case_id]  # the tuned cases among them (below)
         return CASES[wildcards.experiment][wildcards.case_id]
     except KeyError:
         raise ValueError(
@@ -73,7 +78,10 @@ def case_inputs(wildcards):
 
 
 def job_case(wildcards):
-    return plan.job_case(case_of(wildcards), PROFILE).to_json()
+    tuning = None  # a tuning's trials take its steps and warm-up
+    if wildcards.experiment.startswith("autotune/"):
+        tuning = TUNINGS[wildcards.experiment.removeprefix("autotune/")]
+    return plan.job_case(case_of(wildcards), PROFILE, tuning).to_json()
 
 
 def case_gpus(wildcards):
@@ -110,6 +118,14 @@ def records(experiment):
     ]
 
 
+def e2e_records(wildcards=None):
+    """The e2e records; with ``--config tuned=true`` the tuned cases in place of theirs (known
+    once the tunings are done: e2e_cases below)."""
+    if not TUNED:
+        return records("e2e")
+    return [f"results/e2e/{PROFILE['name']}/{case_id}.json" for case_id in e2e_cases()]
+
+
 def table4_inputs(wildcards):
     """The schedules Table 4 counts, and the analysis that counts them."""
     return sorted(sources.schedule_files().values()) + sources.analysis_sources("table4")
@@ -120,3 +136,84 @@ def smoke_case():
     case = parse_cfg_text(kick["smoke_case"], "kick_the_tires.smoke_case")[0]
     device = "cuda" if PROFILE["gpus_available"] else "cpu"
     return case.for_run(kick["steps"], kick["warmup"], "fp32", device).to_json()
+
+
+# -- the tunings (autotune.smk): rounds are checkpoints, read here once they have run --------
+
+def tuning_records_dir(tuning):
+    return f"results/{plan.tuning_experiment(tuning)}/{PROFILE['name']}"
+
+
+def round_file(tuning, strategy, k):
+    return f"{tuning_records_dir(tuning)}/{strategy}/round{k}.json"
+
+
+def read_round(tuning, strategy, k):
+    """Round k of a tuning's strategy, once its checkpoint has run (else Snakemake runs it)."""
+    out = checkpoints.autotune_round.get(tuning=tuning, profile=PROFILE["name"],
+                                         strategy=strategy, k=k).output[0]
+    return json.loads(Path(out).read_text())
+
+
+def final_round(tuning, strategy):
+    """The number of the round that proposed nothing (rounds are made one after another)."""
+    k = 0
+    while not read_round(tuning, strategy, k)["done"]:
+        k += 1
+    return k
+
+
+def trial_records(tuning, data):
+    """The records a round file names: the trials so far and the next ones."""
+    return [f"{tuning_records_dir(tuning)}/{e['case_id']}.json"
+            for e in data["trials"] + data["next"]]
+
+
+def autotune_round_inputs(wildcards):
+    inputs = {"spec": TUNINGS[wildcards.tuning].path,
+              "code": sources.tuning_sources()}
+    k = int(wildcards.k)
+    if k > 0:
+        inputs["previous"] = round_file(wildcards.tuning, wildcards.strategy, k - 1)
+        inputs["records"] = trial_records(
+            wildcards.tuning, read_round(wildcards.tuning, wildcards.strategy, k - 1))
+    return inputs
+
+
+def previous_option(wildcards, input):
+    previous = input.get("previous")  # absent in round 0 (and while round k - 1 is pending)
+    return f"--previous {previous}" if previous else ""
+
+
+def autotune_table_inputs(wildcards):
+    rounds, records = [], set()
+    for name, spec in TUNINGS.items():
+        for strategy in spec.strategies:
+            k = final_round(name, strategy)
+            rounds.append(round_file(name, strategy, k))
+            records.update(trial_records(name, read_round(name, strategy, k)))
+    return {"rounds": rounds, "records": sorted(records),
+            "specs": [spec.path for spec in TUNINGS.values()],
+            "code": sources.analysis_sources("autotune")}
+
+
+def chosen_cases():
+    """Each tuning's chosen case (the best of its first strategy), once the tunings are done."""
+    chosen = []
+    for name, spec in TUNINGS.items():
+        best = read_round(name, spec.strategies[0], final_round(name, spec.strategies[0]))["best"]
+        if best is not None:
+            chosen.append(spec.case_for(best["config"]))
+    return chosen
+
+
+def e2e_cases():
+    """The e2e cases of the profile with the tuned cases in place (``--config tuned=true``)."""
+    return plan.tuned_e2e(CASES["e2e"], chosen_cases())
+
+
+def autotune_outputs():
+    if not TUNINGS:
+        return []
+    return ["results/autotune.csv", "results/autotune.json", "results/autotune.cfg",
+            "figures/autotune.pdf"]

@@ -3,7 +3,7 @@
 
 rule e2e_table:
     input:
-        records=records("e2e"),
+        records=e2e_records,
         code=sources.analysis_sources("aggregate"),
     output:
         report(
