@@ -29,7 +29,6 @@ import torch.distributed as dist
 from .megatron import MegatronSystem, gpt_forward
 
 
-# the config field with the layer count, per family megatron_3d runs
 class Megatron3DSystem(MegatronSystem):
     mode = "megatron"
     description = ("megatron-core's own GPT model with its pipeline (1F1B) and tensor "

@@ -35,10 +35,10 @@ import torch.distributed as dist
 
 from .base import NativeTrainer
 from .slapo_tp import schedule
+from .support import PIPELINE_LAYERS
 
-# Per family the schedule path of layer i, and the config field with the layer count.
-LAYERS = {"llama": ("model.layers.{}", "num_hidden_layers"),
-          "gpt_neo": ("transformer.h.{}", "num_layers")}
+# Per family the schedule path of layer i (its layer count: support.PIPELINE_LAYERS).
+LAYERS = {"llama": "model.layers.{}", "gpt_neo": "transformer.h.{}"}
 
 
 def stage_cuts(layers: int, pp: int) -> list[int]:
@@ -99,8 +99,9 @@ class Slapo3DSystem(NativeTrainer):
 
         case = self.spec.case
         config = sch.mod.config
-        path, count = LAYERS[model_family(case.model)]
-        cuts = stage_cuts(getattr(config, count), case.pp)
+        family = model_family(case.model)
+        path = LAYERS[family]
+        cuts = stage_cuts(getattr(config, PIPELINE_LAYERS[family]), case.pp)
         example = synthetic_batch(config, case.micro_batch_size, case.seq_len,
                                   device=self.ctx.device, seed=case.seed)
         sch.trace(example_inputs={"input_ids": example["input_ids"],
