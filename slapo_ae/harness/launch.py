@@ -6,12 +6,16 @@ exactly one record results.
 1. The system's cheap check runs here first; an ``unsupported`` case (torchscript, a model the
    system lacks, 16-bit on CPU, more GPUs than visible, more CPU ranks than the machine holds:
    :func:`slapo_ae.harness.threads.cpu_rank_limit`) is recorded without launching.
-2. ``python -m torch.distributed.run --standalone --nproc_per_node N -m slapo_ae.harness.worker
-   --spec JSON`` runs in a session of its own, stdout and stderr to the log file.
-3. The parent waits up to ``spec.timeout`` seconds; past it, it kills torchrun and its ranks
-   (SIGTERM, then SIGKILL) and records ``failed`` with reason ``timeout``. torchrun gets
-   SIGTERM if the parent dies, and each rank SIGKILL if torchrun dies, so no launch outlives
-   the harness.
+2. The ranks start (:func:`rank_commands`), each in a session of its own, stdout and stderr
+   to the log file. On one node the parent starts ``python -m slapo_ae.harness.worker --spec
+   JSON`` once per rank itself, the ranks meeting through a file store in the launch's folder;
+   on several nodes ``python -m torch.distributed.run`` (torchrun) is each node's agent, the
+   agents meeting at a c10d rendezvous.
+3. The parent waits up to ``spec.timeout`` seconds; past it, it kills the ranks (and torchrun)
+   (SIGTERM, then SIGKILL) and records ``failed`` with reason ``timeout``. When one rank (or
+   agent) fails, the others are stopped, as torchrun stops a failed run's workers. Each
+   child gets SIGTERM if the parent dies, and each rank SIGKILL if its parent (the harness or
+   torchrun) dies, so no launch outlives the harness.
 4. If rank 0 wrote the record of this launch (its ``metrics.extra.run_id`` matches), that is
    the result. Otherwise the parent writes one from the ranks' status files and the exit
    code: ``oom`` if a rank ran out of memory (or the kernel's OOM killer ended a process during
@@ -30,7 +34,7 @@ from pathlib import Path
 
 from slapo_ae import gpus, paths
 from slapo_ae.harness.runspec import RunSpec
-from slapo_ae.harness.supervise import Interrupted, supervise
+from slapo_ae.harness.supervise import Interrupted, supervise_all
 from slapo_ae.harness.threads import cpu_rank_limit, proc_number, thread_env
 from slapo_ae.record import Record, RecordError, read_record, write_record
 
@@ -51,19 +55,48 @@ def worker_env(spec: RunSpec) -> dict:
     return env
 
 
+WORKER = ["-m", "slapo_ae.harness.worker"]
+# The file store a one-node launch's ranks meet through (``file://`` init of torch.distributed)
+STORE_ENV = "SLAPO_BENCH_STORE"
+
+
 def torchrun_command(spec: RunSpec) -> list[str]:
-    """torchrun for this machine's ranks: ``--standalone`` on one node; on several, one agent
-    per node meeting the others at ``spec.rdzv_endpoint`` (c10d rendezvous, id ``run_id``),
-    ranks numbered by the rendezvous."""
+    """torchrun for this node's ranks of a case on several nodes: one agent per node meeting
+    the others at ``spec.rdzv_endpoint`` (c10d rendezvous, id ``run_id``), ranks numbered by
+    the rendezvous."""
     case = spec.case
-    if case.nodes == 1:
-        where = ["--standalone"]
-    else:
-        where = ["--nnodes", str(case.nodes), "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", spec.rdzv_endpoint, "--rdzv-id", spec.run_id]
-    return [sys.executable, "-m", "torch.distributed.run", *where,
-            "--nproc_per_node", str(case.gpus_per_node), "-m", "slapo_ae.harness.worker",
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(case.nodes),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint,
+            "--rdzv-id", spec.run_id, "--nproc_per_node", str(case.gpus_per_node), *WORKER,
             "--spec", spec.to_json()]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_commands(spec: RunSpec, env: dict) -> list[tuple[list[str], dict]]:
+    """``(command, environment)`` of each process this launch starts. Several nodes: this
+    node's torchrun agent. One node: every rank directly, with the variables torchrun would
+    give it; they meet through a file store in the launch's folder, which no other launch
+    can take (a free port could be). torchrun's agent would cost 2 to 3 s of every case
+    (its own torch import) and do nothing a run that never restarts needs: the parent
+    already stops the other ranks when one fails and all of them at the timeout.
+    ``MASTER_ADDR``/``MASTER_PORT`` are set too, for libraries that look for them
+    (DeepSpeed's ``init_distributed``); the process group is up before they look."""
+    if spec.case.nodes > 1:
+        return [(torchrun_command(spec), env)]
+    world = spec.case.gpus
+    common = {**env, "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+              "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+              STORE_ENV: str(Path(spec.rundir) / "store")}
+    command = [sys.executable, *WORKER, "--spec", spec.to_json()]
+    return [(command, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+            for rank in range(world)]
 
 
 def log_tail(path, lines: int = LOG_TAIL_LINES) -> str:
@@ -117,6 +150,11 @@ def _exit_text(rc: int) -> str:
     return f"exited with code {rc}"
 
 
+def launcher(spec: RunSpec) -> str:
+    """What the parent waited for, as the reasons name it."""
+    return "torchrun" if spec.case.nodes > 1 else "a rank"
+
+
 def oom_kills() -> int | None:
     """How many processes the kernel's OOM killer has ended since boot (``oom_kill`` of
     ``/proc/vmstat``), None where the kernel does not say."""
@@ -147,15 +185,16 @@ def conclude(spec: RunSpec, rc: int | None, timed_out: bool, rundir: Path,
         if ooms:
             status, head = "oom", f"out of memory: {ooms[0]['reason']}"
         elif failed:
-            status, head = "failed", f"{failed[0]['reason']} (torchrun {_exit_text(rc)})"
+            status, head = "failed", f"{failed[0]['reason']} ({launcher(spec)} {_exit_text(rc)})"
         elif oom_killed:
             status = "oom"
             head = (f"out of memory: the kernel's OOM killer ended a process during the run "
                     f"(oom_kill {oom_killed[0]} -> {oom_killed[1]} in /proc/vmstat, counted "
-                    f"machine-wide) and torchrun {_exit_text(rc)} before a record was written")
+                    f"machine-wide) and {launcher(spec)} {_exit_text(rc)} before a record was "
+                    f"written")
         else:
             status = "failed"
-            head = f"torchrun {_exit_text(rc)} before a record was written"
+            head = f"{launcher(spec)} {_exit_text(rc)} before a record was written"
     reason = head
     if first_failure and first_failure.get("traceback") and not timed_out:
         reason += f"\n--- rank {first_failure['rank']} traceback ---\n{first_failure['traceback']}"
@@ -178,18 +217,21 @@ def launch(spec: RunSpec) -> Record | None:
     try:
         with open(log_path, "w") as log:
             spec.launch_time = time.time()
-            cmd = torchrun_command(spec)
+            started = rank_commands(spec, worker_env(spec))
+            cmd = started[0][0]
             log.write(f"# slapo-bench: {spec.case_dict()['id']} (run {spec.run_id})\n"
-                      f"# {' '.join(cmd[:cmd.index('-m', 3) + 2])} ... "
+                      f"# {len(started)} x {' '.join(cmd[:cmd.index('--spec')])} ... "
                       f"(timeout {spec.timeout:g} s)\n")
             log.flush()
             kills_before = oom_kills()
             try:
-                outcome = supervise(cmd, timeout=spec.timeout, env=worker_env(spec), stdout=log)
+                outcome = supervise_all([c for c, _ in started], envs=[e for _, e in started],
+                                        timeout=spec.timeout, stdout=log)
             except Interrupted as err:  # the job was cancelled: the ranks are stopped
                 raise SystemExit(128 + err.signum) from None
             rc, timed_out = outcome.returncode, outcome.timed_out
-            log.write(f"# slapo-bench: torchrun {_exit_text(rc) if rc is not None else 'killed'}"
+            ended = _exit_text(rc) if rc is not None else "was killed"
+            log.write(f"# slapo-bench: {launcher(spec) if rc else 'the ranks'} {ended}"
                       f"{' after the timeout' if timed_out else ''}\n")
         kills_after = oom_kills()
         if (spec.case.nodes > 1 and rc == 0 and not timed_out

@@ -1,4 +1,5 @@
-"""One rank of a harness run: ``python -m slapo_ae.harness.worker --spec JSON`` under torchrun.
+"""One rank of a harness run: ``python -m slapo_ae.harness.worker --spec JSON``, started by the
+harness (:mod:`slapo_ae.harness.launch`: directly on one node, under torchrun on several).
 
 Each rank initialises ``torch.distributed`` (gloo on CPU, NCCL on CUDA), builds the system of
 the case's mode (:mod:`slapo_ae.harness.systems`) from the same seed, and trains ``steps`` steps on
@@ -33,6 +34,7 @@ import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from slapo_ae.harness.launch import STORE_ENV  # noqa: E402
 from slapo_ae.harness.runspec import RunSpec  # noqa: E402
 from slapo_ae.harness.supervise import die_with_parent  # noqa: E402
 
@@ -171,7 +173,8 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
     budget = spec.thread_budget()
     env.update({"world_size": ctx.world_size, "backend": "nccl" if ctx.device.type == "cuda"
                 else "gloo", **budget.as_env_record(), "memory_per_rank": spec.memory_per_rank,
-                "threads_in_use": [rank["threads"] for rank in gathered]})
+                "threads_in_use": [rank["threads"] for rank in gathered],
+                "torch_compile": gathered[0]["torch_compile"]})
     notes = list(system.notes)
     if budget.oversubscribed:
         notes.append(f"oversubscribed: {budget.ranks} ranks on {budget.cores} cores (one "
@@ -214,13 +217,14 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
                   started_at=iso(spec.launch_time), finished_at=now())
 
 
-def die_with_torchrun() -> None:
-    """SIGKILL this rank when torchrun dies (torchrun starts each rank in a session of its
-    own, so a killed torchrun would otherwise leave it running)."""
+def die_with_launcher() -> None:
+    """SIGKILL this rank when the process that started it (the harness, or torchrun) dies:
+    each rank runs in a session of its own, so a killed launcher would otherwise leave it
+    running."""
     import signal
 
     die_with_parent(signal.SIGKILL)
-    if os.getppid() == 1:  # torchrun already gone
+    if os.getppid() == 1:  # the launcher already gone
         os._exit(EXIT_FAILED)
 
 
@@ -235,7 +239,7 @@ def cap_memory(spec: RunSpec) -> None:
 
 
 def run(spec: RunSpec) -> int:
-    die_with_torchrun()
+    die_with_launcher()
     cap_memory(spec)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -246,7 +250,9 @@ def run(spec: RunSpec) -> int:
         import torch
         import torch.distributed as dist
 
-        from slapo_ae.harness import metrics, threads
+        from slapo_ae.harness import deferred_compile, metrics, threads
+
+        deferred_compile.install()  # before the systems import megatron-core or DeepSpeed
         from slapo_ae.harness.systems import Unsupported, check, get_system
         from slapo_ae.harness.systems.base import DistContext
         from slapo_ae.record import write_record
@@ -263,8 +269,13 @@ def run(spec: RunSpec) -> int:
             else:
                 device = torch.device("cpu")
             timeout = _dt.timedelta(seconds=(spec.timeout or 1800) + 60)
-            dist.init_process_group("nccl" if spec.case.device == "cuda" else "gloo",
-                                    timeout=timeout)
+            backend = "nccl" if spec.case.device == "cuda" else "gloo"
+            store = os.environ.get(STORE_ENV)  # the ranks of one node meet here
+            if store:
+                dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
+                                        world_size=world, timeout=timeout)
+            else:  # torchrun's rendezvous
+                dist.init_process_group(backend, timeout=timeout)
             timeline["dist_ready"] = time.time()
             ctx = DistContext(rank, world, local, device)
             check(spec)
@@ -294,7 +305,7 @@ def run(spec: RunSpec) -> int:
         losses = (losses / world).tolist()
         mine = {"peak_mem": metrics.peak_memory_bytes(device), "params": system.params_on_rank(),
                 "step_times": times, "timeline": timeline, "threads": threads.threads_in_use(),
-                "profile": profile}
+                "profile": profile, "torch_compile": deferred_compile.summary()}
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:

@@ -217,11 +217,11 @@ def test_conclude_failed_timeout_and_silent_death(tmp_path):
     record = conclude(spec, -9, False, tmp_path)
     assert record.status == "failed"
     assert record.reason.splitlines()[0] == (
-        "torchrun was killed by SIGKILL before a record was written")
+        "a rank was killed by SIGKILL before a record was written")
 
     _rank_file(tmp_path, 1, "failed", "rank 1: ValueError: bad", 1.0, "Traceback\nValueError: bad")
     record = conclude(spec, 1, False, tmp_path)
-    assert record.reason.splitlines()[0] == "rank 1: ValueError: bad (torchrun exited with code 1)"
+    assert record.reason.splitlines()[0] == "rank 1: ValueError: bad (a rank exited with code 1)"
 
 
 def test_fault_injection_parsing(monkeypatch):
@@ -255,7 +255,7 @@ def test_a_bug_in_the_harness_itself_still_leaves_a_failed_record(tmp_path, monk
 
 
 def test_a_rank_the_oom_killer_ended_is_recorded_as_oom(tmp_path):
-    """No status file, torchrun failed, and the kernel's OOM-kill count rose: ``oom``."""
+    """No status file, a rank failed, and the kernel's OOM-kill count rose: ``oom``."""
     from slapo_ae.harness.launch import conclude
 
     spec = _spec(tmp_path, log=str(tmp_path / "r.log"))

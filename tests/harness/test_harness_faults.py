@@ -22,7 +22,7 @@ def test_crashing_rank_gives_failed_with_traceback_and_log_tail(tmp_path):
     assert record.status == "failed"
     head = record.reason.splitlines()[0]
     assert head.startswith("rank ") and "RuntimeError" in head and "600" in head
-    assert "(torchrun exited with code 1)" in head
+    assert "(a rank exited with code 1)" in head
     assert "traceback ---" in record.reason and "--- log tail" in record.reason
     assert record.metrics.samples_per_s is None and record.log_path.endswith("r.log")
 

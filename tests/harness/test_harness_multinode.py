@@ -45,7 +45,6 @@ def test_nodes_are_part_of_the_case_and_its_encodings():
 def test_torchrun_meets_the_other_nodes_at_the_endpoint():
     spec = RunSpec(case=_case(nodes=2), out="r.json", rdzv_endpoint="node0:29400")
     cmd = torchrun_command(spec)
-    assert "--standalone" not in cmd
     at = {flag: cmd[cmd.index(flag) + 1] for flag in ("--nnodes", "--rdzv-backend",
                                                       "--rdzv-endpoint", "--nproc_per_node")}
     assert at == {"--nnodes": "2", "--rdzv-backend": "c10d", "--rdzv-endpoint": "node0:29400",
@@ -53,7 +52,6 @@ def test_torchrun_meets_the_other_nodes_at_the_endpoint():
     # the same command on each node gives the same rendezvous (and record) id
     again = RunSpec(case=_case(nodes=2), out="elsewhere.json", rdzv_endpoint="node0:29400")
     assert cmd[cmd.index("--rdzv-id") + 1] == spec.run_id == again.run_id
-    assert torchrun_command(RunSpec(case=_case(), out="r.json"))[3] == "--standalone"
 
 
 ZERO3 = "--model", "bert-tiny", "--gpus", "2", "--batch-size", "4"
