@@ -10,6 +10,10 @@ and copy; instance marks are plain entries of the module's ``__dict__``, so ``co
 copies them, a GraphModule that keeps the module as a submodule keeps them (it holds the same
 object), and a module put in its place by ``replace`` starts without them. Tests and user
 code may read ``_slapo_checkpointed`` directly.
+
+Not a mark: the annotations of ``annotate`` are data the user asked for, public as upstream
+Slapo had them (``param.slapo_annotations`` and ``param.<key>``), kept by
+``slapo/primitives/_params.py``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ Every part of the artifact passes a case in one of three forms, all defined here
 
 - JSON (:meth:`to_json` / :meth:`from_json`): the workflow job's ``params`` and the runner's
   ``--case``; a changed field reruns the job, a moved cfg line does not (no source or line);
+  the launcher's ``--spec`` to the ranks (:mod:`slapo_ae.harness.runspec`) keeps them;
 - argv (:meth:`to_argv`, parsed back by :func:`add_arguments` and :func:`from_args`): the
   ``slapo-bench run`` call of the case runner, the GPU check and a user;
 - the record's ``case`` (:meth:`to_record`), which the analysis reads.
@@ -182,9 +183,12 @@ class Case:
                                    line=0)
 
     # -- encodings ---------------------------------------------------------------------
-    def to_json(self) -> str:
+    def to_json(self, with_origin: bool = False) -> str:
+        """The case as JSON; ``with_origin`` keeps where it was written (``source``,
+        ``line``), which the launcher hands to the ranks for the record's ``case``."""
         data = dataclasses.asdict(self)
-        del data["source"], data["line"]
+        if not with_origin:
+            del data["source"], data["line"]
         # settings left at their defaults are left out: the encoding (and so the workflow's
         # jobs) of a case on one node without 3D settings or a memory cap is what it was before them
         for name, default in (("nodes", 1), ("pp", 1), ("tp", None), ("micro_batch", None),

@@ -4,8 +4,9 @@
 ``GPU i: ...`` of ``nvidia-smi -L``; none when there is no ``nvidia-smi`` or it fails. The
 planner picks its profile from it, ``slapo-bench run --device auto`` its device, the
 launcher refuses a case that asks for more, and the case runner names the device in the
-records it writes itself. Inside a rank, torch describes the device it trains on
-(:func:`slapo_ae.harness.metrics.device_info`).
+records it writes itself; the GPU slots and the runner's agents split a
+``CUDA_VISIBLE_DEVICES`` value with :func:`visible_ids`. Inside a rank, torch describes the
+device it trains on (:func:`slapo_ae.harness.metrics.device_info`).
 """
 from __future__ import annotations
 
@@ -28,13 +29,21 @@ def _smi(*args: str) -> list[str] | None:
     return out.stdout.splitlines() if out.returncode == 0 else None
 
 
+def visible_ids(value: str | None) -> list[str] | None:
+    """The device ids a ``CUDA_VISIBLE_DEVICES`` value lists, None when it is unset. As CUDA
+    reads it, ``-1`` hides itself and every id after it."""
+    if value is None:
+        return None
+    ids = [v.strip() for v in value.split(",") if v.strip()]
+    return ids[:ids.index("-1")] if "-1" in ids else ids
+
+
 def visible_gpus(env: dict | None = None) -> int:
     """How many GPUs this process may use (see the module docstring)."""
     env = os.environ if env is None else env
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [v for v in visible.split(",") if v.strip()]
-        return 0 if not ids or ids[0].strip() == "-1" else len(ids)
+    ids = visible_ids(env.get("CUDA_VISIBLE_DEVICES"))
+    if ids is not None:
+        return len(ids)
     lines = _smi("-L")
     return 0 if lines is None else sum(1 for line in lines if line.startswith("GPU "))
 

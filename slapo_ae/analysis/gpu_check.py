@@ -32,6 +32,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from slapo_ae.atomic import write_text
+
 T1_MIN_SPEEDUP = 1.1
 T2_MIN_SPEEDUP = 2.0
 T3_MIN_MFU = 0.45
@@ -139,7 +141,7 @@ def judge(folder) -> list[Verdict]:
     records = load_records(folder)
     models = sorted({model for model, _ in records})
     verdicts = [v for model in models for v in judge_model(records, model)]
-    (folder / "summary.json").write_text(json.dumps(
+    write_text(folder / "summary.json", json.dumps(
         {"hardware": _hardware(records), "verdicts": [asdict(v) for v in verdicts]}, indent=1))
     lines = ["# One-GPU check", "", f"Hardware: {_hardware(records)}.", "",
              f"T1: slapo-megatron >= {T1_MIN_SPEEDUP}x best of {', '.join(T1_BASELINES)}; "
@@ -161,7 +163,7 @@ def judge(folder) -> list[Verdict]:
                   f"{max(m.peak_mem_bytes) / 2**30:.1f}"] if r.status == "ok" else ["-"] * 4)
         cells.append(str(H200_ANCHORS.get((model, mode), "-")))
         lines.append(f"| {model} | {mode} | {r.status} | " + " | ".join(cells) + " |")
-    (folder / "summary.md").write_text("\n".join(lines) + "\n")
+    write_text(folder / "summary.md", "\n".join(lines) + "\n")
     return verdicts
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 from slapo_ae.atomic import write_text
 from slapo_ae.case import Case
 from slapo_ae.harness import runner
+from slapo_ae.harness.supervise import supervise
 from slapo_ae.record import RecordError, read_record
 
 
@@ -37,24 +37,23 @@ def pytest_summary(output: str) -> str | None:
 
 
 def run_tests(args: list[str], log: str, timeout: float) -> tuple[bool, str]:
-    """Run pytest; (passed, summary)."""
+    """Run pytest, its output to ``log``; (passed, summary). Supervised as the harness is
+    (:func:`slapo_ae.harness.supervise.supervise`): past the timeout, or when this process is
+    told to stop, pytest is stopped with the ranks and workflows its tests started."""
     cmd = [sys.executable, "-m", "pytest", *args]
     env = dict(os.environ, **{k: v for k, v in runner.OFFLINE_ENV.items()
                               if k not in os.environ})
     Path(log).parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                              stdin=subprocess.DEVNULL)
-        output, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as err:
-        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-        Path(log).write_text(out)
+    with open(log, "w") as handle:
+        handle.write(f"$ {' '.join(cmd)}\n")
+        handle.flush()
+        outcome = supervise(cmd, timeout=timeout, env=env, stdout=handle)
+    if outcome.timed_out:
         return False, f"timed out after {timeout:.0f} s"
-    Path(log).write_text(f"$ {' '.join(cmd)}\n{output}")
-    summary = pytest_summary(output) or f"no summary line (exit code {rc})"
-    took = time.monotonic() - t0
-    return rc == 0, f"{summary} [{took:.0f} s wall, exit code {rc}]"
+    rc = outcome.returncode
+    summary = pytest_summary(Path(log).read_text(errors="replace")) or \
+        f"no summary line (exit code {rc})"
+    return rc == 0, f"{summary} [{outcome.seconds:.0f} s wall, exit code {rc}]"
 
 
 def run_smoke(case: Case, timeout: float, record: str, log: str, harness: str, slots_dir,

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from slapo_ae import gpus
+
 
 class SlotError(RuntimeError):
     """A request that can never be satisfied (more GPUs than slots)."""
@@ -62,13 +64,6 @@ class Allocation:
         self.release()
 
 
-def parse_visible(value: str | None) -> list[str] | None:
-    """Device ids of a ``CUDA_VISIBLE_DEVICES`` value; None when unset."""
-    if value is None:
-        return None
-    return [v.strip() for v in value.split(",") if v.strip() and v.strip() != "-1"]
-
-
 class GpuSlots:
     """``total`` GPU slots whose locks live in ``lock_dir``."""
 
@@ -77,7 +72,7 @@ class GpuSlots:
             raise ValueError(f"total must be >= 0, got {total}")
         self.lock_dir = Path(lock_dir)
         self.total = total
-        ids = parse_visible(visible)
+        ids = gpus.visible_ids(visible)
         if ids is not None and len(ids) < total:
             raise SlotError(f"{total} slots but CUDA_VISIBLE_DEVICES lists only {len(ids)}: "
                             f"{visible!r}")

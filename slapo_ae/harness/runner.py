@@ -140,7 +140,7 @@ def agents(case: Case, harness: str, timeout: float, out: str, log: str, cores: 
     if nodes_via != "local":
         raise ValueError(f"nodes_via {nodes_via!r}: one of {', '.join(NODES_VIA)}")
     endpoint = f"127.0.0.1:{free_port()}"
-    devices = [d for d in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d]
+    devices = gpus.visible_ids(env.get("CUDA_VISIBLE_DEVICES")) or []
     per_node = case.gpus_per_node
     found = []
     for node in range(case.nodes):

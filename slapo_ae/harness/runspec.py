@@ -78,9 +78,11 @@ class RunSpec:
         return ThreadBudget.for_case(self.cores or default_cores(self.case.device, ranks), ranks)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        data = dataclasses.asdict(self)
+        data["case"] = json.loads(self.case.to_json(with_origin=True))  # the case's encoding
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> RunSpec:
         data = json.loads(text)
-        return cls(**{**data, "case": Case(**data["case"])})
+        return cls(**{**data, "case": Case.from_json(json.dumps(data["case"]))})

@@ -95,6 +95,19 @@ def test_one_encoding_json_and_argv_round_trip(line):
     assert from_args(run_parser().parse_args(tuned.to_argv()), "cpu") == tuned
 
 
+
+def test_the_ranks_get_the_case_in_its_encoding_with_its_origin():
+    from slapo_ae.harness.runspec import RunSpec
+
+    case = dataclasses.replace(parse_cfg_text("megatron bert-tiny 4 64 0 8 0 pp=2", "x.cfg")[0]
+                               .for_run(6, 2, "fp32", "cpu"), source="slapo-bench run", line=3,
+                               overrides={"num_hidden_layers": 2})
+    again = RunSpec.from_json(RunSpec(case=case, out="r.json", cores=2).to_json())
+    assert again.case == case and (again.case.source, again.case.line) == ("slapo-bench run", 3)
+    assert again.case_dict() == case.to_record() and again.cores == 2
+    assert json.loads(case.to_json(with_origin=True)) == {**json.loads(case.to_json()),
+                                                          "source": "slapo-bench run", "line": 3}
+
 def test_a_moved_line_is_the_same_job_and_a_new_batch_value_is_not():
     first = parse_cfg_text("eager bert-tiny 1 64 0 4 0", "a.cfg")[0].for_run(6, 2, "fp32", "cpu")
     moved = parse_cfg_text("\n\neager bert-tiny 1 64 0 '2*2' 0", "b.cfg")[0]

@@ -1,9 +1,12 @@
 """The two floors: the schedule language loads none of the artifact, the artifact's planning and
 analysis modules load no torch, and the sources each analysis step declares are the modules it
-imports (what the workflow reruns depends on it)."""
+imports (what the workflow reruns depends on it). And the map of the house: the docs name
+only files that exist, and docs/architecture.md says where every module belongs."""
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +72,36 @@ def test_each_analysis_step_declares_the_modules_it_imports(step):
         declared |= code
     assert files - packages <= declared, f"{step} imports undeclared modules"
     assert set(sources.ANALYSIS_STEPS[step]) <= files
+
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ("README.md", "docs/architecture.md", "tests/README.md")
+# a path of the two packages as the docs write it, brace lists included: slapo/op/{gelu,sdpa}.py
+NAMED = re.compile(r"`((?:slapo|slapo_ae)/[\w/]*(?:\{[\w,]+\})?[\w.]*)`")
+
+
+def named_paths(doc: str) -> set[str]:
+    found = set()
+    for path in NAMED.findall((ROOT / doc).read_text()):
+        head, brace, tail = re.fullmatch(r"([^{]*)(?:\{([\w,]+)\})?(.*)", path).groups()
+        found |= {head + name + tail for name in brace.split(",")} if brace else {path}
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_the_docs_name_only_files_that_exist(doc):
+    missing = sorted(p for p in named_paths(doc) if "<" not in p and not (ROOT / p).exists())
+    assert not missing, f"{doc} names files that do not exist"
+
+
+def test_the_architecture_names_every_module_of_both_packages():
+    # a module counts as named by its path, or by its folder (`slapo/op/`, `primitives/<name>.py`)
+    text = (ROOT / "docs/architecture.md").read_text()
+    named = named_paths("docs/architecture.md")
+    folders = {p.rstrip("/") for p in named if p.endswith("/")} - {"slapo", "slapo_ae"}
+    folders |= set(re.findall(r"`((?:slapo|slapo_ae)/[\w/]+)/<\w+>\.py`", text))
+    modules = [p.relative_to(ROOT).as_posix() for package in ("slapo", "slapo_ae")
+               for p in (ROOT / package).rglob("*.py") if p.name != "__init__.py"]
+    unnamed = sorted(m for m in modules
+                     if m not in named and not any(m.startswith(f + "/") for f in folders))
+    assert not unnamed, "docs/architecture.md does not say where these belong"

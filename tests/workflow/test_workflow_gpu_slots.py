@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from slapo_ae.harness.gpu_slots import GpuSlots, SlotError, main, parse_visible
+from slapo_ae.gpus import visible_ids
+from slapo_ae.harness.gpu_slots import GpuSlots, SlotError, main
 
 
 def test_acquire_is_disjoint_and_released(tmp_path):
@@ -25,7 +26,8 @@ def test_acquire_is_disjoint_and_released(tmp_path):
 def test_maps_slots_to_parent_visible_devices(tmp_path):
     with GpuSlots(tmp_path, total=2, visible="4,6").acquire(2) as alloc:
         assert alloc.visible_devices == "4,6"
-    assert parse_visible(None) is None and parse_visible("") == []
+    assert visible_ids(None) is None and visible_ids("") == []
+    assert visible_ids(" 2, 3,-1,4") == ["2", "3"]  # CUDA stops at -1
 
 
 def test_impossible_request_and_timeout(tmp_path):

@@ -42,3 +42,22 @@ def test_kick_fails_on_a_broken_smoke_case_or_test(tmp_path, monkeypatch):
     rc, lines = _kick(tmp_path, QUICK_TEST, str(HERE / "no_such_test_file.py"))
     assert rc == 1
     assert lines[-1].startswith("KICK-THE-TIRES: FAIL (tests failed; smoke case not ok")
+
+
+def test_tests_past_their_timeout_are_stopped_with_what_they_started(tmp_path):
+    # a test that starts a process of its own and hangs: the timeout stops both
+    pid_file = tmp_path / "child.pid"
+    (tmp_path / "test_hang.py").write_text(
+        "import subprocess, sys, time\n"
+        "def test_hang():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "    time.sleep(120)\n")
+    log = tmp_path / "pytest.log"
+    ok, summary = kick.run_tests(["-q", "-p", "no:cacheprovider", str(tmp_path / "test_hang.py")],
+                                 str(log), timeout=5)
+    assert not ok and summary == "timed out after 5 s"
+    assert log.read_text().startswith("$ ")
+    pid = int(pid_file.read_text())
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"

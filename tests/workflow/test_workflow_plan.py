@@ -19,6 +19,7 @@ CONFIG = yaml.safe_load((REPO / "configs" / "config.yaml").read_text())
     ({"CUDA_VISIBLE_DEVICES": "-1"}, 0),
     ({"CUDA_VISIBLE_DEVICES": "3"}, 1),
     ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, 8),
+    ({"CUDA_VISIBLE_DEVICES": "0,-1,1"}, 1),
 ])
 def test_visible_gpus_honour_cuda_visible_devices(env, count):
     assert gpus.visible_gpus(env) == count

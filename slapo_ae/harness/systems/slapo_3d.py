@@ -13,7 +13,7 @@ next, stages outermost, as Megatron-LM lays them out):
    allows), and ``slapo.build(sch, target="pipeline", topology=...)`` builds this rank's stage
    on ``torch.distributed.pipelining`` (GPipe, the case's micro-batches); the last stage
    computes the causal-LM loss as the vocabulary-parallel cross entropy of its logits
-   (``slapo.op.vocab_parallel_output_loss``: what the schedule's ``vocab_parallel_loss``
+   (``slapo.op.cross_entropy.vocab_parallel_output_loss``: what ``vocab_parallel_loss``
    computed in the forward before tracing the root took it out; a plain cross entropy with
    tp = 1); ``PipelineBuild.step`` averages the gradients over the replicas. With pp = 1
    the scheduled model is wrapped in DDP over the data group.
