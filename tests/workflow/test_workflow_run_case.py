@@ -168,6 +168,35 @@ def test_two_quick_ctrl_c_stop_the_case_cleanly(tmp_path, fake_plan):
     assert text.count("interrupted (signal 2)") == 1 and "CUDA_VISIBLE_DEVICES=''" in text
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_waiting_for_the_cpu_slot_is_clean(tmp_path, fake_plan, monkeypatch,
+                                                         signum):
+    """Stopped twice while another case holds the slot allocator: exit 128 + signal, no
+    traceback, no record, no harness started, the runner's notes in the case log."""
+    import fcntl
+
+    lock_dir = tmp_path / "cpu-lock"
+    lock_dir.mkdir()
+    monkeypatch.setenv("SLAPO_CPU_LOCK_DIR", str(lock_dir))
+    guard = os.open(lock_dir / "alloc.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(guard, fcntl.LOCK_EX)  # the runner blocks taking the slot
+    try:
+        proc, out, log = _start_runner(tmp_path, "r")
+        fds = Path(f"/proc/{proc.pid}/fd")
+        _wait_for(lambda: any(str(lock_dir / "alloc.lock") == os.path.realpath(fd)
+                              for fd in fds.iterdir()), "the runner to wait for the slot")
+        proc.send_signal(signum)
+        time.sleep(0.05)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=60) == 128 + signum
+    finally:
+        os.close(guard)
+    assert "Traceback" not in proc.stderr.read()
+    assert not out.exists() and not (tmp_path / "trace.jsonl").exists()
+    text = log.read_text()
+    assert text.count(f"interrupted (signal {int(signum)})") == 1 and "case " in text
+
+
 def test_cpu_cases_never_measure_side_by_side(tmp_path, fake_plan, monkeypatch):
     """The CPU slot: a second runner waits for the first case's harness to end."""
     monkeypatch.setenv("SLAPO_CPU_LOCK_DIR", str(tmp_path / "cpu-lock"))
