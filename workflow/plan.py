@@ -248,6 +248,11 @@ def gpus_resource(case: Case, settings: dict) -> int:
     return case.gpus if settings["device"] == "cuda" else 0
 
 
+def machine_cores(cores: int | None) -> int:
+    """``cores`` (``workflow.cores``), or this machine's where the command gives none."""
+    return cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
+
+
 def threads(case: Case, settings: dict, cores: int | None) -> int:
     """Cores a case's job holds (its ``threads``), out of the ``cores`` the workflow may use
     (``workflow.cores``; None: this machine's).
@@ -257,7 +262,7 @@ def threads(case: Case, settings: dict, cores: int | None) -> int:
     share of the cores that the case's GPUs on one node are of the machine's, at least one
     (on each node of a case on several).
     """
-    cores = cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
+    cores = machine_cores(cores)
     if settings["device"] == "cpu":
         return cores
     gpus_available = max(int(settings.get("gpus_available") or 0), case.gpus_per_node, 1)
