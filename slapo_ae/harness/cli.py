@@ -103,6 +103,9 @@ def spec_from_args(args) -> RunSpec:
     if cores < 1:
         raise UsageError(f"--cores must be at least 1, got {cores}")
     log = args.log or str(out.with_suffix(".log"))
+    for flag, path in (("--out", out), ("--log", Path(log))):
+        if path.is_dir():
+            raise UsageError(f"{flag}: {path} is a folder, not a file")
     for flag, folder in (("--out", out.parent), ("--log", Path(log).parent),
                          ("--profile", Path(args.profile) if args.profile else None)):
         if folder is not None:

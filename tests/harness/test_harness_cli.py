@@ -123,6 +123,20 @@ def test_run_refuses_result_paths_it_cannot_write_before_running(tmp_path, capsy
     assert not (tmp_path / "r.json").exists()
 
 
+def test_run_refuses_a_folder_as_its_record_or_log_before_running(tmp_path, capsys):
+    """An --out or --log that names a folder could never be replaced by the file: a usage
+    error at once (it was a traceback and no record, after the case had trained)."""
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    base = ["run", "--mode", "eager", "--model", "bert-tiny", *TINY]
+    for flag in ("--out", "--log"):
+        out = ["--out", str(tmp_path / "r.json")] if flag != "--out" else []
+        assert cli.main([*base, *out, flag, str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"slapo-bench run: error: {flag}: {folder} is a folder, not a file\n"
+    assert not (tmp_path / "r.json").exists() and not list(folder.iterdir())
+
+
 @pytest.mark.parametrize("mode, model, extra, reason", [
     ("torchscript", "bert-tiny", [], "torchscript mode"),
     ("megatron", "roberta-tiny", [], "Megatron-LM has no RoBERTa"),
