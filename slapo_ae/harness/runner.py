@@ -40,7 +40,8 @@ The timeout, the interrupt handling and the one record are the same as for one n
 If the runner itself is interrupted (SIGINT/SIGTERM/SIGHUP, e.g. Snakemake being stopped, or
 killed: the runner asks for its parent's death signal), also while it waits for its slot, it
 stops the harness and exits 128 + signal without writing a record, so the case reruns next
-time. Records are only ever written atomically (:func:`slapo_ae.record.write_record`).
+time (a record the harness had written before it was stopped is kept: a finished result).
+Records are only ever written atomically (:func:`slapo_ae.record.write_record`).
 """
 from __future__ import annotations
 
@@ -219,7 +220,11 @@ def run(case: Case, timeout: float, out: str, log: str, harness: str = DEFAULT_H
         return _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores,
                     nodes_via, note)
     except Interrupted as err:
-        note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
+        if _valid_record(out):  # a finished result, written as the harness shut down: kept
+            note(f"interrupted (signal {err.signum}) after the harness wrote its record at "
+                 f"{out}; the record is kept")
+        else:
+            note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
         return 128 + err.signum
     finally:
         note.flush()

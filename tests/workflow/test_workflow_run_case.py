@@ -168,6 +168,20 @@ def test_two_quick_ctrl_c_stop_the_case_cleanly(tmp_path, fake_plan):
     assert text.count("interrupted (signal 2)") == 1 and "CUDA_VISIBLE_DEVICES=''" in text
 
 
+def test_a_stop_after_the_harness_wrote_its_record_keeps_it_and_says_so(tmp_path, fake_plan):
+    """Stopped while the harness shuts down after writing its record (a finished result):
+    exit 128 + signal, the record kept, and the case log says so rather than "no record"."""
+    fake_plan({"*": {"linger": 60}})
+    proc, out, log = _start_runner(tmp_path, "r")
+    _wait_for(out.exists, "the harness's record")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert read_record(out).status == "ok"
+    text = log.read_text()
+    assert "interrupted (signal 15) after the harness wrote its record" in text
+    assert "no record written" not in text
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_while_waiting_for_the_cpu_slot_is_clean(tmp_path, fake_plan, monkeypatch,
                                                          signum):
