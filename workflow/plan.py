@@ -227,8 +227,13 @@ def check_config(config: dict, schema_path: str | Path) -> None:
     validator = jsonschema.validators.validator_for(schema)(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.path])
     if errors:
-        key = ".".join(str(p) for p in errors[0].path) or "the config"
-        raise PlanError(f"configs/config.yaml (or --config): {key}: {errors[0].message}")
+        error = errors[0]
+        key = ".".join(str(p) for p in error.path) or "the config"
+        hint = ""
+        if error.validator == "type" and isinstance(error.instance, str) and len(error.path) > 1:
+            hint = (" (Snakemake reads a value inside a --config mapping as a string: set it in "
+                    "configs/config.yaml or a --configfile)")
+        raise PlanError(f"configs/config.yaml (or --config): {key}: {error.message}{hint}")
 
 
 def job_case(case: Case, settings: dict, tuning: TuningSpec | None = None) -> Case:

@@ -33,6 +33,11 @@ def test_config_is_validated_at_start(repo):
 @pytest.mark.parametrize("override, says", [
     ("profile=nope", "error: profile 'nope' is not defined in the config; defined: "),
     ("gpus=lots", "error: configs/config.yaml (or --config): gpus: "),
+    # Snakemake reads the values inside a --config mapping as strings: say so, not just
+    # that '5' is not a number
+    ('profiles={"test":{"steps":5}}', "error: configs/config.yaml (or --config): "
+     "profiles.test.steps: '5' is not of type 'integer' (Snakemake reads a value inside a "
+     "--config mapping as a string: set it in configs/config.yaml or a --configfile)"),
 ])
 def test_config_overrides_are_refused_in_one_line(repo, override, says):
     errors = refused(repo.snakemake("-n", "--config", override, check=False))
