@@ -216,10 +216,12 @@ def run(case: Case, timeout: float, out: str, log: str, harness: str = DEFAULT_H
     # a stop signal, while waiting for a slot or for the harness (which is then stopped),
     # raises Interrupted and leaves the runner deaf to further ones (supervise.py)
     previous = raise_on_stop_signals()
+    interrupted = False
     try:
         return _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores,
                     nodes_via, note)
     except Interrupted as err:
+        interrupted = True  # and deaf to stop signals until it exits
         if _valid_record(out):  # a finished result, written as the harness shut down: kept
             note(f"interrupted (signal {err.signum}) after the harness wrote its record at "
                  f"{out}; the record is kept")
@@ -228,8 +230,9 @@ def run(case: Case, timeout: float, out: str, log: str, harness: str = DEFAULT_H
         return 128 + err.signum
     finally:
         note.flush()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if not interrupted:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def harness_env() -> dict:
