@@ -329,6 +329,13 @@ def main(argv=None) -> int:
                              "on this machine) or srun (one per node of this Slurm job); "
                              f"default ${NODES_VIA_ENV} or local")
     args = parser.parse_args(argv)
+    for flag, path in (("--out", Path(args.out)), ("--log", Path(args.log))):
+        if path.is_dir():
+            parser.error(f"{flag}: {path} is a folder, not a file")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"{flag}: cannot create {path.parent}: {err.strerror or err}")
     die_with_parent()  # the rule execs the runner: it ends with the Snakemake that started it
     try:
         case = Case.from_json(args.case)

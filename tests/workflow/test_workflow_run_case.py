@@ -88,6 +88,28 @@ def test_a_harness_command_that_does_not_exist_becomes_a_failed_record(tmp_path)
     assert "No such file or directory" in rec.reason and "cannot start" in log.read_text()
 
 
+def test_a_record_or_log_path_the_runner_cannot_use_is_a_usage_error(tmp_path, capsys):
+    """A folder as --out or --log, or a parent that cannot be made: exit 2 naming the flag
+    (it was an IsADirectoryError or FileNotFoundError traceback), and no harness runs."""
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    good = {"--out": str(tmp_path / "r.json"), "--log": str(tmp_path / "r.log")}
+    for flag, bad, says in (("--out", folder, "is a folder, not a file"),
+                            ("--log", folder, "is a folder, not a file"),
+                            ("--out", blocker / "r.json", "cannot create")):
+        paths = {**good, flag: str(bad)}
+        argv = ["--case", case().to_json(), "--timeout", "60", "--harness", HARNESS,
+                *[x for kv in paths.items() for x in kv]]
+        with pytest.raises(SystemExit) as exit_:
+            runner.main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: {flag}: " in err and says in err, err
+    assert not (tmp_path / "r.json").exists() and not list(folder.iterdir())
+
+
 def test_timeout_kills_harness_and_records_failure(tmp_path, fake_plan):
     fake_plan({"*": {"sleep": 60}})
     out = tmp_path / "r.json"
