@@ -78,6 +78,7 @@ def test_run_unknown_model_is_a_clear_usage_error(tmp_path, capsys):
     (["--mode", "eager", "--lr", "nan"], "--lr must be a positive number"),
     (["--mode", "eager", "--lr", "-1"], "--lr must be a positive number"),
     (["--mode", "eager", "--steps", "99999999999999999999"], "--steps must be at most"),
+    (["--mode", "eager", "--gpus", "99999999999999999999"], "--gpus must be 1 to 65536"),
     (["--mode", "eager", "--memory-per-rank", "99999999999999999999"],
      "--memory-per-rank must be at most"),
 ])

@@ -30,6 +30,14 @@ def test_config_is_validated_at_start(repo):
         "['fp32', 'fp16', 'bf16']"]
 
 
+def test_warmup_not_below_steps_is_refused_at_start(repo):
+    config = yaml.safe_load((repo.path / "configs" / "config.yaml").read_text())
+    config["profiles"]["test"].update(steps=3, warmup=3)
+    repo.write_config(config)
+    assert refused(repo.snakemake("-n", check=False)) == [
+        "error: profile test: warmup (3) must be below steps (3): no timed step would remain"]
+
+
 @pytest.mark.parametrize("override, says", [
     ("profile=nope", "error: profile 'nope' is not defined in the config; defined: "),
     ("gpus=lots", "error: configs/config.yaml (or --config): gpus: "),
