@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 
 from slapo_ae import expr
@@ -55,6 +56,8 @@ PIPELINE_MODES = ("megatron", "slapo-megatron")
 MEGATRON_CKPT = ("full", "selective")
 DTYPES = ("fp32", "fp16", "bf16")
 MAX_GPUS = 65536  # larger counts are typos; the launcher bounds CPU ranks by the machine
+MAX_STEPS = 1_000_000  # larger counts are typos (days of steps even for a tiny model)
+MAX_MEMORY_PER_RANK = 2**43 - 1  # MiB: the most RLIMIT_DATA (bytes, 64 bits) holds
 DEFAULT_LR = 1e-4
 DEFAULT_SEED = 1234
 # The record's case fields; tp, dp and micro_batch are the effective values (defaults
@@ -391,6 +394,10 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
     if args.warmup < 0 or args.steps <= args.warmup:
         raise CaseError(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}) >= 0: "
                         "steps count every step, warm-up ones included")
+    if args.steps > MAX_STEPS:
+        raise CaseError(f"--steps must be at most {MAX_STEPS}, got {args.steps}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise CaseError(f"--lr must be a positive number, got {args.lr}")
     if args.nodes < 1 or args.gpus % args.nodes:
         raise CaseError(f"--nodes {args.nodes}: the {args.gpus} GPUs must spread evenly over "
                         "at least one node")
@@ -409,6 +416,9 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
         raise CaseError(f"--pp/--tp/--micro-batch: {err}") from None
     if args.memory_per_rank is not None and args.memory_per_rank < 1:
         raise CaseError(f"--memory-per-rank must be a positive number of MiB, got "
+                        f"{args.memory_per_rank}")
+    if args.memory_per_rank is not None and args.memory_per_rank > MAX_MEMORY_PER_RANK:
+        raise CaseError(f"--memory-per-rank must be at most {MAX_MEMORY_PER_RANK} MiB, got "
                         f"{args.memory_per_rank}")
     return Case(mode=args.mode, model=args.model, gpus=args.gpus, seq_len=args.seq_len,
                 dec_seq_len=args.dec_seq_len, batch_size=batch, batch_expr=args.batch_size,

@@ -39,7 +39,7 @@ import shlex
 from pathlib import Path
 
 from slapo_ae import expr
-from slapo_ae.case import Case
+from slapo_ae.case import MAX_MEMORY_PER_RANK, MAX_STEPS, Case
 from slapo_ae.cfg import CfgError, parse_cfg_text
 
 STRATEGIES = ("prune", "grid")
@@ -271,11 +271,14 @@ def load_tuning(path: str | Path, known_models=None) -> TuningSpec:
         fail(("symbols", along), "the pruning search runs along this symbol: give its memory "
                                  "order (memory: increasing or decreasing)")
     ints = {}
-    for key, minimum in (("parallel", 1), ("steps", 1), ("warmup", 0), ("memory_per_rank", 1)):
+    # the bounds of slapo-bench run, which every trial goes through
+    for key, minimum, maximum in (("parallel", 1, None), ("steps", 1, MAX_STEPS),
+                                  ("warmup", 0, None), ("memory_per_rank", 1, MAX_MEMORY_PER_RANK)):
         value = data.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or value < minimum):
-            fail((key,), f"an integer of at least {minimum}, got {value!r}")
+                                  or value < minimum or (maximum and value > maximum)):
+            fail((key,), (f"an integer of {minimum} to {maximum}" if maximum else
+                          f"an integer of at least {minimum}") + f", got {value!r}")
         ints[key] = value
     if (ints["steps"] is None) != (ints["warmup"] is None):
         fail(("steps",) if ints["steps"] is None else ("warmup",),

@@ -227,8 +227,13 @@ def check_config(config: dict, schema_path: str | Path) -> None:
     validator = jsonschema.validators.validator_for(schema)(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: [str(p) for p in e.path])
     if errors:
-        key = ".".join(str(p) for p in errors[0].path) or "the config"
-        raise PlanError(f"configs/config.yaml (or --config): {key}: {errors[0].message}")
+        error = errors[0]
+        key = ".".join(str(p) for p in error.path) or "the config"
+        hint = ""
+        if error.validator == "type" and isinstance(error.instance, str) and len(error.path) > 1:
+            hint = (" (Snakemake reads a value inside a --config mapping as a string: set it in "
+                    "configs/config.yaml or a --configfile)")
+        raise PlanError(f"configs/config.yaml (or --config): {key}: {error.message}{hint}")
 
 
 def job_case(case: Case, settings: dict, tuning: TuningSpec | None = None) -> Case:
@@ -248,6 +253,11 @@ def gpus_resource(case: Case, settings: dict) -> int:
     return case.gpus if settings["device"] == "cuda" else 0
 
 
+def machine_cores(cores: int | None) -> int:
+    """``cores`` (``workflow.cores``), or this machine's where the command gives none."""
+    return cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
+
+
 def threads(case: Case, settings: dict, cores: int | None) -> int:
     """Cores a case's job holds (its ``threads``), out of the ``cores`` the workflow may use
     (``workflow.cores``; None: this machine's).
@@ -257,7 +267,7 @@ def threads(case: Case, settings: dict, cores: int | None) -> int:
     share of the cores that the case's GPUs on one node are of the machine's, at least one
     (on each node of a case on several).
     """
-    cores = cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
+    cores = machine_cores(cores)
     if settings["device"] == "cpu":
         return cores
     gpus_available = max(int(settings.get("gpus_available") or 0), case.gpus_per_node, 1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -86,13 +87,13 @@ def spec_from_args(args) -> RunSpec:
 
         try:
             hf_config(case.model, **case.overrides)
-        except TypeError as err:
-            raise UsageError(f"--override: {err}") from None
+        except Exception as err:  # the model's config refuses a field or a value of it
+            raise UsageError(f"--override: {' '.join(str(err).split())}") from None
     out = Path(args.out)
     timeout = (args.timeout if args.timeout is not None
                else default_timeout(case.device, case.steps))
-    if timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {timeout}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {timeout}")
     if case.nodes > 1 and not args.rdzv_endpoint:
         raise UsageError(f"--nodes {case.nodes} needs --rdzv-endpoint HOST:PORT (the same on "
                          "every node: where their torchrun agents meet)")
@@ -103,6 +104,9 @@ def spec_from_args(args) -> RunSpec:
     if cores < 1:
         raise UsageError(f"--cores must be at least 1, got {cores}")
     log = args.log or str(out.with_suffix(".log"))
+    for flag, path in (("--out", out), ("--log", Path(log))):
+        if path.is_dir():
+            raise UsageError(f"{flag}: {path} is a folder, not a file")
     for flag, folder in (("--out", out.parent), ("--log", Path(log).parent),
                          ("--profile", Path(args.profile) if args.profile else None)):
         if folder is not None:

@@ -38,15 +38,17 @@ the workflow's planner sets from the config, else ``local``) says where the agen
 The timeout, the interrupt handling and the one record are the same as for one node.
 
 If the runner itself is interrupted (SIGINT/SIGTERM/SIGHUP, e.g. Snakemake being stopped, or
-killed: the runner asks for its parent's death signal), it stops the harness and exits
-128 + signal without writing a record, so the case reruns next time. Records
-are only ever written atomically (:func:`slapo_ae.record.write_record`).
+killed: the runner asks for its parent's death signal), also while it waits for its slot, it
+stops the harness and exits 128 + signal without writing a record, so the case reruns next
+time (a record the harness had written before it was stopped is kept: a finished result).
+Records are only ever written atomically (:func:`slapo_ae.record.write_record`).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
+import signal
 import socket
 import sys
 import tempfile
@@ -57,7 +59,12 @@ from slapo_ae import gpus, paths
 from slapo_ae.case import Case, CaseError
 from slapo_ae.harness.gpu_slots import GpuSlots
 from slapo_ae.harness.launch import OFFLINE_ENV as HARNESS_OFFLINE_ENV
-from slapo_ae.harness.supervise import Interrupted, die_with_parent, supervise_all
+from slapo_ae.harness.supervise import (
+    Interrupted,
+    die_with_parent,
+    raise_on_stop_signals,
+    supervise_all,
+)
 from slapo_ae.record import RecordError, collect_env, non_ok, now, read_record, write_record
 
 GRACE_S = 120  # the hard timeout is the case's timeout plus this
@@ -206,11 +213,26 @@ def run(case: Case, timeout: float, out: str, log: str, harness: str = DEFAULT_H
     Path(out).unlink(missing_ok=True)  # only a record of this run counts
     Path(log).write_text("")
     note = _Notes(log)
+    # a stop signal, while waiting for a slot or for the harness (which is then stopped),
+    # raises Interrupted and leaves the runner deaf to further ones (supervise.py)
+    previous = raise_on_stop_signals()
+    interrupted = False
     try:
         return _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores,
                     nodes_via, note)
+    except Interrupted as err:
+        interrupted = True  # and deaf to stop signals until it exits
+        if _valid_record(out):  # a finished result, written as the harness shut down: kept
+            note(f"interrupted (signal {err.signum}) after the harness wrote its record at "
+                 f"{out}; the record is kept")
+        else:
+            note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
+        return 128 + err.signum
     finally:
         note.flush()
+        if not interrupted:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def harness_env() -> dict:
@@ -261,9 +283,6 @@ def _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores,
         outcome = supervise_all([c for c, _ in procs], timeout=timeout + grace,
                                 envs=[e for _, e in procs], stdout=note.output,
                                 pass_fds=tuple(alloc.fds) if alloc else ())
-    except Interrupted as err:  # the harness is down; stop signals are ignored from now on
-        note(f"interrupted (signal {err.signum}); no record written, the case will rerun")
-        return 128 + err.signum
     except OSError as err:  # the harness command itself cannot start
         reason = f"cannot start the harness ({shlex.join(cmd[:3])} ...): {err}"
         note(f"failed: {reason}")
@@ -310,6 +329,13 @@ def main(argv=None) -> int:
                              "on this machine) or srun (one per node of this Slurm job); "
                              f"default ${NODES_VIA_ENV} or local")
     args = parser.parse_args(argv)
+    for flag, path in (("--out", Path(args.out)), ("--log", Path(args.log))):
+        if path.is_dir():
+            parser.error(f"{flag}: {path} is a folder, not a file")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"{flag}: cannot create {path.parent}: {err.strerror or err}")
     die_with_parent()  # the rule execs the runner: it ends with the Snakemake that started it
     try:
         case = Case.from_json(args.case)

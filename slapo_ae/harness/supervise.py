@@ -96,6 +96,18 @@ def ignore_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def raise_on_stop_signals() -> dict:
+    """From now on a stop signal raises :class:`Interrupted` (once: the handler first makes
+    this process deaf to stop signals, so that a second Ctrl-C cannot cut the clean-up short
+    or print a traceback). Returns the handlers it replaced."""
+
+    def on_signal(signum, frame):
+        ignore_stop_signals()
+        raise Interrupted(signum)
+
+    return {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+
+
 def die_with_parent(signum: int = signal.SIGTERM) -> None:
     """Ask Linux to send this process ``signum`` when its parent dies (no-op elsewhere): a
     process that a killed parent would leave behind stops itself instead."""
@@ -144,10 +156,7 @@ def supervise_all(cmds: list[list[str]], *, timeout: float, envs: list[dict | No
     envs = list(envs) if envs is not None else [None] * len(cmds)
     procs: list[subprocess.Popen] = []
 
-    def on_signal(signum, frame):
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    previous = raise_on_stop_signals()
     interrupted = False
     start = time.monotonic()
     try:
@@ -181,9 +190,9 @@ def supervise_all(cmds: list[list[str]], *, timeout: float, envs: list[dict | No
                 pass
     except Interrupted:
         # A second Ctrl-C must not cut the clean-up short, here or in the caller's notes
-        # after it: a process told to stop stays deaf to stop signals from now on.
+        # after it: a process told to stop stays deaf to stop signals from now on (the
+        # handler made it so).
         interrupted = True
-        ignore_stop_signals()
         stop_trees(procs)
         raise
     finally:

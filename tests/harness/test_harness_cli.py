@@ -70,6 +70,17 @@ def test_run_unknown_model_is_a_clear_usage_error(tmp_path, capsys):
     (["--mode", "eager", "--batch-size", "n/3"], "--batch-size"),
     (["--mode", "slapo-magatron"], "unknown mode"),
     (["--mode", "eager", "--override", "hidden_sise=64"], "--override"),
+    # values the ranks would fail on after the launch: refused here, before it
+    (["--mode", "eager", "--override", "hidden_size=abc"],
+     "Field 'hidden_size' expected int, got str (value: 'abc')"),
+    (["--mode", "eager", "--timeout", "inf"], "--timeout must be a positive number of seconds"),
+    (["--mode", "eager", "--timeout", "nan"], "--timeout must be a positive number of seconds"),
+    (["--mode", "eager", "--lr", "nan"], "--lr must be a positive number"),
+    (["--mode", "eager", "--lr", "-1"], "--lr must be a positive number"),
+    (["--mode", "eager", "--steps", "99999999999999999999"], "--steps must be at most"),
+    (["--mode", "eager", "--gpus", "99999999999999999999"], "--gpus must be 1 to 65536"),
+    (["--mode", "eager", "--memory-per-rank", "99999999999999999999"],
+     "--memory-per-rank must be at most"),
 ])
 def test_run_usage_errors(tmp_path, capsys, args, message):
     base = {"--model": "bert-tiny", "--gpus": "2", "--seq-len": "16", "--batch-size": "4",
@@ -78,7 +89,8 @@ def test_run_usage_errors(tmp_path, capsys, args, message):
         base[key] = value
     argv = ["run"] + [x for kv in base.items() for x in kv]
     assert cli.main(argv) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "r.json").exists()
 
 
@@ -121,6 +133,20 @@ def test_run_refuses_result_paths_it_cannot_write_before_running(tmp_path, capsy
         assert err.startswith(f"slapo-bench run: error: {flag}: cannot create"), err
         assert "Traceback" not in err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_run_refuses_a_folder_as_its_record_or_log_before_running(tmp_path, capsys):
+    """An --out or --log that names a folder could never be replaced by the file: a usage
+    error at once (it was a traceback and no record, after the case had trained)."""
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    base = ["run", "--mode", "eager", "--model", "bert-tiny", *TINY]
+    for flag in ("--out", "--log"):
+        out = ["--out", str(tmp_path / "r.json")] if flag != "--out" else []
+        assert cli.main([*base, *out, flag, str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"slapo-bench run: error: {flag}: {folder} is a folder, not a file\n"
+    assert not (tmp_path / "r.json").exists() and not list(folder.iterdir())
 
 
 @pytest.mark.parametrize("mode, model, extra, reason", [

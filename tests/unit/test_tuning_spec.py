@@ -60,6 +60,10 @@ def test_a_spec_gives_its_points_and_their_cases(tmp_path):
     (("bert-tiny", "bert-tinyy"), 1, "unknown model"),
     (("bert-tiny 2", "bert-tiny 1,2"), 1, "one GPU count"),
     (("warmup: 1", "warmup: 3"), 9, "below steps"),
+    # what slapo-bench run would refuse for every trial (case.MAX_STEPS, MAX_MEMORY_PER_RANK)
+    (("steps: 3", "steps: 99999999999"), 8, "steps: an integer of 1 to 1000000"),
+    (("memory_per_rank: 1024", "memory_per_rank: 99999999999999999999"), 10,
+     "memory_per_rank: an integer of 1 to 8796093022207"),
 ])
 def test_a_malformed_spec_is_refused_naming_file_and_line(tmp_path, change, where, message):
     path = write(tmp_path, SPEC.replace(*change))

@@ -10,7 +10,8 @@ agent ``i`` of a case on several nodes, applied last)::
     {"<case-id>": {"sleep": 5, "status": "failed", "reason": "...", "crash": true,
                    "samples_per_s": 3.0}}
 
-``crash``: exit 3 without a record (the runner must then record the failure). Every call
+``crash``: exit 3 without a record (the runner must then record the failure); ``linger``:
+seconds to wait after writing the record, as the harness does while its ranks shut down. Every call
 appends one JSON line ``{case_id, start, end, cuda_visible_devices, pid, rdzv_endpoint, log}``
 to ``$FAKE_HARNESS_TRACE`` when that is set (used to check GPU packing and the agents of a
 case on several nodes). Of those agents, the one given the case's own log (the runner's
@@ -87,6 +88,7 @@ def main(argv=None) -> int:
            "torch": "fake", "cuda_visible_devices": visible}
     write_record(Record(status=status, case=record_case, reason=todo.get("reason", ""),
                         metrics=metrics, env=env, log_path=args.log), args.out)
+    time.sleep(float(todo.get("linger", 0)))
     return 0
 
 

@@ -288,3 +288,20 @@ def test_a_bad_tuning_spec_is_a_plan_error_naming_it(tmp_path):
     lines = str(err.value).splitlines()
     assert lines[0].startswith("t.yaml:2: symbols.b: give")
     assert lines[1] == "missing.yaml: no such tuning spec (profile x, autotune)"
+
+
+def test_steps_past_what_the_harness_runs_are_refused_at_start():
+    """A profile's (or the smoke case's) steps past slapo-bench run's bound stop the workflow
+    in one line, rather than every case failing in its job."""
+    from slapo_ae.case import MAX_STEPS
+
+    schema = REPO / "workflow" / "schemas" / "config.schema.yaml"
+    config = json.loads(json.dumps(CONFIG))
+    config["profiles"]["cpu"]["steps"] = MAX_STEPS + 1
+    with pytest.raises(plan.PlanError, match=f"profiles.cpu.steps: {MAX_STEPS + 1} is greater "
+                                             f"than the maximum of {MAX_STEPS}"):
+        plan.check_config(config, schema)
+    config["profiles"]["cpu"]["steps"] = MAX_STEPS
+    config["kick_the_tires"]["steps"] = MAX_STEPS + 1
+    with pytest.raises(plan.PlanError, match="kick_the_tires.steps: "):
+        plan.check_config(config, schema)

@@ -64,7 +64,7 @@ def test_killed_run_resumes(repo):
     # a hard kill leaves Snakemake's directory lock behind (a graceful stop does not)
     locked = repo.snakemake(check=False)
     assert locked.returncode != 0 and "cannot be locked" in locked.stdout + locked.stderr
-    repo.snakemake("--unlock")
+    repo.snakemake("--unlock", profile=False)  # as Snakemake's lock message and the docs say
     repo.snakemake()  # the default profile has rerun-incomplete
     records = _all_records(repo)
     assert len(records) == E2E_CASES + ABLATION_CASES

@@ -88,6 +88,28 @@ def test_a_harness_command_that_does_not_exist_becomes_a_failed_record(tmp_path)
     assert "No such file or directory" in rec.reason and "cannot start" in log.read_text()
 
 
+def test_a_record_or_log_path_the_runner_cannot_use_is_a_usage_error(tmp_path, capsys):
+    """A folder as --out or --log, or a parent that cannot be made: exit 2 naming the flag
+    (it was an IsADirectoryError or FileNotFoundError traceback), and no harness runs."""
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    good = {"--out": str(tmp_path / "r.json"), "--log": str(tmp_path / "r.log")}
+    for flag, bad, says in (("--out", folder, "is a folder, not a file"),
+                            ("--log", folder, "is a folder, not a file"),
+                            ("--out", blocker / "r.json", "cannot create")):
+        paths = {**good, flag: str(bad)}
+        argv = ["--case", case().to_json(), "--timeout", "60", "--harness", HARNESS,
+                *[x for kv in paths.items() for x in kv]]
+        with pytest.raises(SystemExit) as exit_:
+            runner.main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: {flag}: " in err and says in err, err
+    assert not (tmp_path / "r.json").exists() and not list(folder.iterdir())
+
+
 def test_timeout_kills_harness_and_records_failure(tmp_path, fake_plan):
     fake_plan({"*": {"sleep": 60}})
     out = tmp_path / "r.json"
@@ -166,6 +188,49 @@ def test_two_quick_ctrl_c_stop_the_case_cleanly(tmp_path, fake_plan):
     assert not out.exists() and not alive(harness)
     text = log.read_text()
     assert text.count("interrupted (signal 2)") == 1 and "CUDA_VISIBLE_DEVICES=''" in text
+
+
+def test_a_stop_after_the_harness_wrote_its_record_keeps_it_and_says_so(tmp_path, fake_plan):
+    """Stopped while the harness shuts down after writing its record (a finished result):
+    exit 128 + signal, the record kept, and the case log says so rather than "no record"."""
+    fake_plan({"*": {"linger": 60}})
+    proc, out, log = _start_runner(tmp_path, "r")
+    _wait_for(out.exists, "the harness's record")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert read_record(out).status == "ok"
+    text = log.read_text()
+    assert "interrupted (signal 15) after the harness wrote its record" in text
+    assert "no record written" not in text
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_waiting_for_the_cpu_slot_is_clean(tmp_path, fake_plan, monkeypatch,
+                                                         signum):
+    """Stopped twice while another case holds the slot allocator: exit 128 + signal, no
+    traceback, no record, no harness started, the runner's notes in the case log."""
+    import fcntl
+
+    lock_dir = tmp_path / "cpu-lock"
+    lock_dir.mkdir()
+    monkeypatch.setenv("SLAPO_CPU_LOCK_DIR", str(lock_dir))
+    guard = os.open(lock_dir / "alloc.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(guard, fcntl.LOCK_EX)  # the runner blocks taking the slot
+    try:
+        proc, out, log = _start_runner(tmp_path, "r")
+        fds = Path(f"/proc/{proc.pid}/fd")
+        _wait_for(lambda: any(str(lock_dir / "alloc.lock") == os.path.realpath(fd)
+                              for fd in fds.iterdir()), "the runner to wait for the slot")
+        proc.send_signal(signum)
+        time.sleep(0.05)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=60) == 128 + signum
+    finally:
+        os.close(guard)
+    assert "Traceback" not in proc.stderr.read()
+    assert not out.exists() and not (tmp_path / "trace.jsonl").exists()
+    text = log.read_text()
+    assert text.count(f"interrupted (signal {int(signum)})") == 1 and "case " in text
 
 
 def test_cpu_cases_never_measure_side_by_side(tmp_path, fake_plan, monkeypatch):

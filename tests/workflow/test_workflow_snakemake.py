@@ -30,9 +30,22 @@ def test_config_is_validated_at_start(repo):
         "['fp32', 'fp16', 'bf16']"]
 
 
+def test_warmup_not_below_steps_is_refused_at_start(repo):
+    config = yaml.safe_load((repo.path / "configs" / "config.yaml").read_text())
+    config["profiles"]["test"].update(steps=3, warmup=3)
+    repo.write_config(config)
+    assert refused(repo.snakemake("-n", check=False)) == [
+        "error: profile test: warmup (3) must be below steps (3): no timed step would remain"]
+
+
 @pytest.mark.parametrize("override, says", [
     ("profile=nope", "error: profile 'nope' is not defined in the config; defined: "),
     ("gpus=lots", "error: configs/config.yaml (or --config): gpus: "),
+    # Snakemake reads the values inside a --config mapping as strings: say so, not just
+    # that '5' is not a number
+    ('profiles={"test":{"steps":5}}', "error: configs/config.yaml (or --config): "
+     "profiles.test.steps: '5' is not of type 'integer' (Snakemake reads a value inside a "
+     "--config mapping as a string: set it in configs/config.yaml or a --configfile)"),
 ])
 def test_config_overrides_are_refused_in_one_line(repo, override, says):
     errors = refused(repo.snakemake("-n", "--config", override, check=False))
@@ -71,7 +84,7 @@ def test_paper_dag_has_every_figure7_and_figure9_case(tmp_path):
 
 
 def test_report_has_figures_tables_and_captions(done_repo):
-    done_repo.snakemake("--report", "report.html")
+    done_repo.snakemake("--report", "report.html", profile=False)  # as the README says
     html = (done_repo.path / "report.html").read_text(errors="replace")
     for text in ("e2e.pdf", "ablation.pdf", "multinode.pdf", "table4.md", "claims.md",
                  "e2e.csv", "Figure 7: end-to-end training throughput",

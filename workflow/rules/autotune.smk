@@ -28,7 +28,7 @@ checkpoint autotune_round:
         k="[0-9]+",
     # it imports torch (slapo): on CPU it holds the cores, as a case does, so that no case
     # measures beside it
-    threads: workflow.cores if PROFILE["device"] == "cpu" else 1
+    threads: all_cores if PROFILE["device"] == "cpu" else 1
     conda:
         ENV
     shell:

@@ -20,7 +20,7 @@ rule recheck:
         most=config["claims"]["max_rechecks"],
         harness=config["harness"],
     # it reruns cases: it holds the machine as a case does
-    threads: workflow.cores
+    threads: all_cores
     resources:
         gpus=PROFILE["max_gpus"] if PROFILE["device"] == "cuda" else 0,
     log:
@@ -49,7 +49,7 @@ rule gaps:
         harness=config["harness"],
     # it reruns cases under the profiler: it holds the machine as a case does (the harness
     # gives their ranks one core each on CPU, as in the cases)
-    threads: workflow.cores
+    threads: all_cores
     resources:
         gpus=PROFILE["max_gpus"] if PROFILE["device"] == "cuda" else 0,
     log:

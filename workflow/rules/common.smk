@@ -88,12 +88,27 @@ def case_gpus(wildcards):
     return plan.gpus_resource(case_of(wildcards), PROFILE)
 
 
+def workflow_cores():
+    """The cores the workflow may use (``--cores``; the profiles give all), or None where the
+    command gives none and runs no job (``snakemake --unlock``, ``--report``): the planner
+    then counts this machine's. ``workflow.cores`` itself raises there."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return None
+
+
+def all_cores(wildcards):
+    """The threads of a job that holds the machine as a case does: every core."""
+    return plan.machine_cores(workflow_cores())
+
+
 def case_threads(wildcards):
-    return plan.threads(case_of(wildcards), PROFILE, workflow.cores)
+    return plan.threads(case_of(wildcards), PROFILE, workflow_cores())
 
 
 def case_rank_cores(wildcards):
-    return plan.rank_cores(case_of(wildcards), PROFILE, workflow.cores)
+    return plan.rank_cores(case_of(wildcards), PROFILE, workflow_cores())
 
 
 def case_gpu_request(wildcards):
@@ -105,7 +120,7 @@ def case_node_resource(name):
     so no resource, for a case on one node)."""
 
     def resource(wildcards):
-        return plan.node_resources(case_of(wildcards), PROFILE, config, workflow.cores)[name]
+        return plan.node_resources(case_of(wildcards), PROFILE, config, workflow_cores())[name]
 
     return resource
 
