@@ -1,0 +1,81 @@
+"""Benchmark: where a system's step goes, without the profiler (printed per rank).
+
+    .venv/bin/torchrun --standalone --nproc_per_node 2 benchmarks/bench_phases.py \\
+        --mode slapo-megatron --model t5-tiny --seq-len 128 --dec-seq-len 64
+
+Builds the harness's system for the case (the global batch 4 x ranks, as in the cpu profile)
+and times each step's forward (to the loss), backward and optimizer step with
+``time.perf_counter``, one thread a rank; prints the medians over the steps after the warm-up.
+torch.profiler slows systems unequally (on t5-tiny at 2 ranks megatron-core's step took about
+100 ms more under it, Slapo-TP's 0 to 50), so a gap that the `gaps` profiles do not show can
+still be found here (docs/workflow.md). Run the systems one after the other, alternating, and compare ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from slapo_ae.harness import deferred_compile
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--dec-seq-len", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--warmup", type=int, default=4)
+    args = parser.parse_args()
+
+    deferred_compile.install()  # as in the harness's ranks
+    from slapo_ae.case import Case
+    from slapo_ae.harness.runspec import RunSpec
+    from slapo_ae.harness.systems import get_system
+    from slapo_ae.harness.systems.base import DistContext
+    from slapo_ae.harness.worker import model_fields
+    from slapo_ae.zoo import synthetic_batch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    case = Case(mode=args.mode, model=args.model, gpus=world, seq_len=args.seq_len,
+                dec_seq_len=args.dec_seq_len, batch_size=4 * world, batch_expr=f"{4 * world}",
+                ckpt=None if args.mode == "megatron" else 0.0, steps=args.steps,
+                warmup=args.warmup)
+    spec = RunSpec(case=case, out="/dev/null")
+    system = get_system(args.mode, False)(spec, DistContext(rank, world, rank,
+                                                            torch.device("cpu")))
+    system.setup()
+    if not hasattr(system, "forward_loss"):
+        raise SystemExit(f"{args.mode}: not a torch-native trainer (no forward_loss)")
+    fields = model_fields(spec)
+    micro, lo = system.micro_batch(), system.dp_rank * system.micro_batch()
+    phases = {"forward": [], "backward": [], "optimizer": [], "step": []}
+    for step in range(args.steps):
+        full = synthetic_batch(fields, case.batch_size, case.seq_len, case.dec_seq_len,
+                               seed=case.seed + step)
+        batch = {k: v[lo:lo + micro] for k, v in full.items()}
+        t0 = time.perf_counter()
+        loss = system.forward_loss(batch)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        system.optimizer.step()
+        system.optimizer.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        if step >= args.warmup:
+            for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
+                phases[name].append(seconds)
+    print(f"{args.mode} {args.model} rank {rank}/{world}: " + ", ".join(
+        f"{name} {1000 * statistics.median(v):.1f} ms" for name, v in phases.items()),
+        flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
