@@ -8,7 +8,8 @@ and times each step's forward (to the loss), backward and optimizer step with
 ``time.perf_counter``, one thread a rank; prints the medians over the steps after the warm-up.
 torch.profiler slows systems unequally (on t5-tiny at 2 ranks megatron-core's step took about
 100 ms more under it, Slapo-TP's 0 to 50), so a gap that the `gaps` profiles do not show can
-still be found here (docs/workflow.md). Run the systems one after the other, alternating, and compare ratios.
+still be found here (docs/workflow.md). Run the systems one after the other, alternating, and
+compare ratios.
 """
 from __future__ import annotations
 
