@@ -71,11 +71,13 @@ def torchrun_command(spec: RunSpec) -> list[str]:
             "--spec", spec.to_json()]
 
 
-def _free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (``""``: on every interface): the rendezvous of agents
+    started at once (:mod:`slapo_ae.harness.runner`), ``MASTER_PORT`` of a one-node launch."""
     import socket
 
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
@@ -92,7 +94,7 @@ def rank_commands(spec: RunSpec, env: dict) -> list[tuple[list[str], dict]]:
         return [(torchrun_command(spec), env)]
     world = spec.case.gpus
     common = {**env, "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-              "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+              "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
               STORE_ENV: str(Path(spec.rundir) / "store")}
     command = [sys.executable, *WORKER, "--spec", spec.to_json()]
     return [(command, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)})

@@ -49,7 +49,6 @@ import argparse
 import os
 import shlex
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -59,6 +58,7 @@ from slapo_ae import gpus, paths
 from slapo_ae.case import Case, CaseError
 from slapo_ae.harness.gpu_slots import GpuSlots
 from slapo_ae.harness.launch import OFFLINE_ENV as HARNESS_OFFLINE_ENV
+from slapo_ae.harness.launch import free_port
 from slapo_ae.harness.supervise import (
     Interrupted,
     die_with_parent,
@@ -111,14 +111,6 @@ def harness_command(harness: str, case: Case, timeout: float, out: str, log: str
                     cores: int | None = None) -> list[str]:
     """The harness CLI call for ``case`` (``slapo-bench run`` contract)."""
     return harness_program(harness) + ["run", *run_options(case, timeout, out, log, cores)]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (``""``: on every interface), for the rendezvous of
-    agents started at once."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def node_log(log: str, node: int) -> str:

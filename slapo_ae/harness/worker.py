@@ -164,7 +164,7 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
 
 def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list[dict]):
     """The ``ok`` record from the averaged losses and every rank's numbers."""
-    from slapo_ae.harness import flops, metrics
+    from slapo_ae.harness import deferred_compile, flops, metrics
     from slapo_ae.record import Metrics, Record, collect_env, iso, now
 
     step_times = [max(rank["step_times"][i] for rank in gathered) for i in range(spec.case.steps)]
@@ -174,7 +174,7 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
     env.update({"world_size": ctx.world_size, "backend": "nccl" if ctx.device.type == "cuda"
                 else "gloo", **budget.as_env_record(), "memory_per_rank": spec.memory_per_rank,
                 "threads_in_use": [rank["threads"] for rank in gathered],
-                "torch_compile": gathered[0]["torch_compile"]})
+                "torch_compile": deferred_compile.summary()})  # rank 0 imports what every rank does
     notes = list(system.notes)
     if budget.oversubscribed:
         notes.append(f"oversubscribed: {budget.ranks} ranks on {budget.cores} cores (one "
@@ -305,7 +305,7 @@ def run(spec: RunSpec) -> int:
         losses = (losses / world).tolist()
         mine = {"peak_mem": metrics.peak_memory_bytes(device), "params": system.params_on_rank(),
                 "step_times": times, "timeline": timeline, "threads": threads.threads_in_use(),
-                "profile": profile, "torch_compile": deferred_compile.summary()}
+                "profile": profile}
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:

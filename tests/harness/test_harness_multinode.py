@@ -5,7 +5,6 @@ once, as each machine of a cluster would run it, each with its own record path (
 a shared file system). The node that hosts rank 0 writes the record; the other says so and
 writes nothing. (With a shared file system both see the record: it carries the launch's id.)
 """
-import socket
 import subprocess
 import sys
 
@@ -13,15 +12,9 @@ import pytest
 from harness_util import REPO, env
 
 from slapo_ae.case import Case, CaseError
-from slapo_ae.harness.launch import torchrun_command
+from slapo_ae.harness.launch import free_port, torchrun_command
 from slapo_ae.harness.runspec import RunSpec
 from slapo_ae.record import read_record
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _case(**fields) -> Case:
@@ -68,7 +61,7 @@ ZERO3 = "--model", "bert-tiny", "--gpus", "2", "--batch-size", "4"
                  "__g4__n2__p2__t2__s16__b8__c0", marks=pytest.mark.slow),
 ])
 def test_two_localhost_nodes_train_one_case(tmp_path, mode, case, ends):
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     cmd = [sys.executable, "-m", "slapo_ae.harness.cli", "run", "--device", "cpu",
            "--mode", mode, *case, "--nodes", "2",
            "--seq-len", "16", "--steps", "3", "--warmup", "1",
