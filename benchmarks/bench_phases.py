@@ -31,6 +31,9 @@ def main() -> None:
     parser.add_argument("--dec-seq-len", type=int, default=0)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--no-comm", action="store_true",
+                        help="replace the collectives by no-ops after set-up: each rank's "
+                             "compute alone (the loss is then meaningless)")
     args = parser.parse_args()
 
     deferred_compile.install()  # as in the harness's ranks
@@ -54,6 +57,7 @@ def main() -> None:
     system.setup()
     if not hasattr(system, "forward_loss"):
         raise SystemExit(f"{args.mode}: not a torch-native trainer (no forward_loss)")
+    calls = _skip_collectives() if args.no_comm else None
     fields = model_fields(spec)
     micro, lo = system.micro_batch(), system.dp_rank * system.micro_batch()
     phases = {"forward": [], "backward": [], "optimizer": [], "step": []}
@@ -75,7 +79,46 @@ def main() -> None:
     print(f"{args.mode} {args.model} rank {rank}/{world}: " + ", ".join(
         f"{name} {1000 * statistics.median(v):.1f} ms" for name, v in phases.items()),
         flush=True)
+    if calls is not None:
+        print(f"rank {rank}: collectives skipped a step: {calls[0] / args.steps:.0f}", flush=True)
     dist.destroy_process_group()
+
+
+class _Done:
+    def wait(self, *args, **kwargs):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+def _skip_collectives() -> list[int]:
+    """Make torch.distributed's all-reduce, all-gather and reduce-scatter no-ops (outputs
+    take this rank's input) and count the calls."""
+    calls = [0]
+
+    def counted(fill):
+        def collective(*args, async_op=False, **kwargs):
+            calls[0] += 1
+            fill(*args)
+            return _Done() if async_op else None
+        return collective
+
+    def gather(outputs, x, *rest):
+        for out in outputs:
+            out.copy_(x)
+
+    def gather_into(out, x, *rest):
+        out.copy_(x.repeat(*([out.shape[0] // x.shape[0]] + [1] * (x.dim() - 1))))
+
+    def scatter_into(out, x, *rest):
+        out.copy_(x[:out.shape[0]])
+
+    dist.all_reduce = counted(lambda *a: None)
+    dist.all_gather = counted(gather)
+    dist.all_gather_into_tensor = dist._all_gather_base = counted(gather_into)
+    dist.reduce_scatter_tensor = dist._reduce_scatter_base = counted(scatter_into)
+    return calls
 
 
 if __name__ == "__main__":

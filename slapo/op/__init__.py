@@ -71,6 +71,6 @@ def kernel_choices(device_type: str) -> dict[str, str]:
     dropout elsewhere, and bias+GeLU."""
     attention_kernel = "scaled_dot_product_attention"
     if device_type == "cpu":
-        attention_kernel += " (written out, uniform-mask dropout, when training with dropout)"
+        attention_kernel += " (written out, 16-bit-mask dropout, when training with dropout)"
     return {"attention": attention_kernel, "dropout": dropout_kernel(device_type),
             "bias_gelu": bias_gelu_kernel(device_type)}

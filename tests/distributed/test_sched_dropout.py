@@ -1,8 +1,9 @@
 """Dropout drawn for the device (``slapo.op.dropout``) and the CPU attention path that uses it.
 
-On CPU the mask comes from uniform draws (``u >= p``), not ``bernoulli_``: the same
-distribution and the same default generator, a different draw. Checked here: the dropout
-computation itself (mask times ``1 / (1 - p)``, forward and backward), its rate, its replay
+On CPU the mask comes from 16-bit draws (four to each 64-bit draw), not ``bernoulli_``: the
+same default generator, a different draw, the rate rounded to a multiple of 2**-16. Checked
+here: the dropout computation itself (mask times ``1 / (1 - rounded p)``, forward and
+backward), its rate at every lane of the 64-bit draws, its replay
 under activation checkpointing and under seeds, SDPA's math kernel written out (equal to SDPA
 within 1e-5 relative, forward and backward, with boolean, additive and grouped-query masks and
 a query row that sees no key), and the schedules' replacement of every ``nn.Dropout``.
@@ -17,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 import slapo
 from slapo.model_schedule import schedule_model
 from slapo.op import Dropout, attention, dropout, dropout_kernel, math_attention
+from slapo.op.dropout import keep_mask
 from slapo.verify import relative_error
 from slapo_ae.zoo import build_model
 
@@ -38,7 +40,28 @@ def test_dropout_off_and_edges():
     x = torch.randn(8, 8)
     assert dropout(x, 0.5, training=False) is x and dropout(x, 0.0) is x
     assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
-    assert dropout_kernel("cpu") == "uniform-mask" and dropout_kernel("cuda") == "F.dropout"
+    assert dropout_kernel("cpu") == "16-bit-mask" and dropout_kernel("cuda") == "F.dropout"
+
+
+def test_cpu_rate_is_rounded_to_16_bits_and_what_is_kept_is_scaled_by_it():
+    x = torch.randn(4096)
+    y = dropout(x, 0.1)  # 0.1 rounds to 6554 / 65536
+    kept = y != 0
+    assert torch.allclose(y[kept], x[kept] * 65536 / (65536 - 6554), rtol=1e-6)
+    for rate in (1e-6, 1 - 1e-6):  # rounds to 0 or 1: F.dropout at the exact rate
+        torch.manual_seed(1)
+        ours = dropout(x, rate)
+        torch.manual_seed(1)
+        assert torch.equal(ours, F.dropout(x, rate))
+
+
+def test_every_lane_of_the_64_bit_draws_drops_at_the_rate():
+    # random_() alone stops at 2**63 - 1, leaving one 16-bit lane in four never dropped
+    torch.manual_seed(0)
+    lanes = keep_mask((16384, 4), 32768).float().mean(0)  # rate 1/2; 4 sd = 0.016
+    assert torch.all((lanes - 0.5).abs() < 0.016), lanes
+    odd = keep_mask((3, 5, 7), 16384)  # not a multiple of four elements
+    assert odd.shape == (3, 5, 7) and odd.dtype == torch.bool
 
 
 def test_same_seed_same_mask_and_checkpoint_replays_it():
@@ -92,15 +115,16 @@ def test_math_attention_is_sdpa(case):
         assert torch.equal(ours[0, :, 5], torch.zeros_like(ours[0, :, 5]))
 
 
-def test_cpu_attention_with_dropout_drops_probabilities_with_the_uniform_mask():
+def test_cpu_attention_with_dropout_drops_probabilities_with_the_16_bit_mask():
     q, k, v = _qkv(grad=False)
     torch.manual_seed(7)
     ours = attention(q, k, v, causal=True, dropout_p=0.2)
-    torch.manual_seed(7)  # the same draw, written out: softmax(causal scores), mask u >= p
+    torch.manual_seed(7)  # the same draw, written out: softmax(causal scores), 16-bit mask
     scores = (q @ k.transpose(-1, -2)) / 4.0
     scores = scores.masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), float("-inf"))
     probs = scores.softmax(-1)
-    keep = (torch.rand_like(probs) >= 0.2).float() / 0.8
+    levels = round(0.2 * 65536)
+    keep = keep_mask(probs.shape, levels).float() * 65536 / (65536 - levels)
     assert relative_error(ours, (probs * keep) @ v) < TOL
 
 
