@@ -28,7 +28,6 @@ from torch import nn
 
 from .. import state
 
-
 # The CPU mask's draws: 16-bit lanes of 64-bit words.
 _LEVELS = 2**16
 _LANES = 4
