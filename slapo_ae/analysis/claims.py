@@ -134,10 +134,14 @@ def after_recheck(decided: str, a, b, rechecks: dict | None,
                   threshold: float = 1.0) -> tuple[str, str]:
     """The verdict of ``a`` against ``b`` once the back-to-back re-measurement is taken in
     (``rechecks``: recheck.json's ``comparisons`` by :func:`pair_key`), and a note on it
-    ("" when the comparison was not measured again)."""
+    ("" when the comparison was not close; a close one past the recheck's limit keeps its
+    verdict and the note says it was not measured again)."""
     entry = (rechecks or {}).get(pair_key(a, b))
     if entry is None or decided in (INCONCLUSIVE, NOT_RUN):
         return decided, ""
+    if entry.get("rerun") is None:  # close, but past the recheck's limit
+        return decided, (f"; close (margin {entry['margin']:.3g}) but not measured back to "
+                         f"back: {entry['skipped']}")
     again_a, again_b = (entry["rerun"].get(str(r.get("case_id"))) for r in (a, b))
     if not again_a or not again_b or ok_rate(again_a) is None or ok_rate(again_b) is None:
         return INCONCLUSIVE, "measured again back to back, which did not run ok"
@@ -463,7 +467,10 @@ def to_markdown(result: dict) -> str:
     if again:
         lines += [f"**Back to back.** {BACK_TO_BACK_RULE.format(below=again['below'])}: "
                   f"{again['measured']} comparison(s) measured again here, with "
-                  f"{again['steps']} steps ({again['warmup']} warm-up) each.", ""]
+                  f"{again['steps']} steps ({again['warmup']} warm-up) each"
+                  + (f"; {again['close'] - again['measured']} more close one(s), past the "
+                     "limit, were not and are marked so" if again.get("close", 0)
+                     > again["measured"] else "") + ".", ""]
     lines += ["| claim | verdict | points (PASS / FAIL / INCONCLUSIVE / NOT-RUN) | |",
               "|---|---|---|---|"]
     for c in result["claims"]:

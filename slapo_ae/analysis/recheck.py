@@ -10,7 +10,9 @@ margin below ``--below`` (:func:`slapo_ae.analysis.claims.margin`: how far the t
 apart; default 1.25, this machine's drift) is therefore run again: both cases back to back,
 with the profile's steps, the order alternating from one comparison to the next. The closest
 ``--max`` comparisons are measured; a verdict then stands only if the pair run back to back
-gives the same one (:func:`slapo_ae.analysis.claims.after_recheck`). Both directions are
+gives the same one (:func:`slapo_ae.analysis.claims.after_recheck`). A close comparison past
+``--max`` keeps its verdict, and its entry (``rerun`` null, ``skipped`` saying why) makes the
+verdicts say that it was close and not measured again. Both directions are
 measured alike: a close PASS is re-measured as a close FAIL is.
 
     python -m slapo_ae.analysis.recheck --e2e results/e2e.csv --ablation results/ablation.csv \\
@@ -105,8 +107,14 @@ def recheck(e2e, ablation, runs: Path, steps: int, warmup: int, device: str = "c
             "order": [r["case_id"] for r in order], "rerun": rerun, "verdict_again": again}
         print(f"{a['case_id']} vs {b['case_id']}: {decided} (margin {m:.3f}) -> back to back "
               f"{again}", flush=True)
+    done = len(measured)
+    for a, b, decided, m in close[most:]:  # kept, so that the verdicts can say so
+        measured[pair_key(a, b)] = {
+            "a": a["case_id"], "b": b["case_id"], "verdict": decided, "margin": m,
+            "rerun": None, "verdict_again": None,
+            "skipped": f"only the {most} closest of {len(close)} are measured (--max)"}
     return {"below": below, "steps": steps, "warmup": warmup, "device": device,
-            "close": len(close), "measured": len(measured),
+            "close": len(close), "measured": done,
             "not_measured": [pair_key(a, b) for a, b, _, _ in close[most:]],
             "comparisons": measured}
 

@@ -75,8 +75,22 @@ def test_recheck_runs_each_close_pair_back_to_back_alternating_the_order(monkeyp
         "megatron__bert-tiny__g2 vs slapo-megatron__bert-tiny__g2"]
     again = {c["a"]: c["verdict_again"] for c in result["comparisons"].values()}
     assert again == {"slapo-deepspeed__bert-tiny__g2": "PASS",
-                     "slapo-kernel__bert-tiny__g1": "INCONCLUSIVE"}
+                     "slapo-kernel__bert-tiny__g1": "INCONCLUSIVE",
+                     "slapo-megatron__bert-tiny__g2": None}  # past the limit: not run
     json.dumps(result)
+
+
+def test_a_close_comparison_past_the_limit_keeps_its_verdict_and_says_it_was_not_rerun(
+        monkeypatch, tmp_path):
+    monkeypatch.setattr(recheck, "run_again", fake_runs(
+        {"deepspeed": 40, "slapo-deepspeed": 47, "eager": 90, "slapo-kernel": 91}, []))
+    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, most=2)
+    verdict, note = claims.after_recheck("FAIL", E2E[1], E2E[0], result["comparisons"])
+    assert verdict == "FAIL"
+    assert note == ("; close (margin 1.13) but not measured back to back: only the 2 closest "
+                    "of 3 are measured (--max)")
+    md = claims.to_markdown(claims.check_all(*frames(), None, recheck=result))
+    assert "1 more close one(s), past the limit, were not and are marked so" in md
 
 
 def test_a_verdict_stands_only_if_the_back_to_back_pair_agrees():
