@@ -17,6 +17,10 @@ Rerun semantics (what Snakemake sees of a case):
   (:func:`slapo_ae.sources.case_sources`): editing a family's schedule reruns the cases of
   Slapo modes on that family and nothing else.
 
+Run order: the cases that the claims compare run one after another (:func:`run_order`, the
+case rule's ``priority``), so that the machine's drift falls between comparisons more than
+within them.
+
 Cases on several nodes: a profile with ``gpus_per_node`` (the GPUs of one machine of the
 cluster it is written for) spreads a case of more GPUs over ``gpus // gpus_per_node`` nodes
 (:func:`spread_over_nodes`; the case id gains ``__n<nodes>``). How their agents start is the
@@ -173,6 +177,30 @@ def load_tunings(settings: dict, root: Path | str = ".") -> dict[str, TuningSpec
     if errors:
         raise PlanError("\n".join(errors))
     return tunings
+
+
+def run_order(cases: dict[str, dict[str, Case]]) -> dict[tuple[str, str], int]:
+    """``{(experiment, case_id): priority}``, higher first: the order in which Snakemake picks
+    the cases (each holds the machine on CPU, so one runs at a time).
+
+    A case that runs minutes after the case it is compared with measures the machine's drift
+    as well (docs/workflow.md, Back to back). So the systems of one Figure 7 or Figure 8 point
+    (model, GPUs, nodes, sequence lengths) run one after another, in cfg order at one point
+    and the reverse at the next, so that no system always runs first; the ablation's steps,
+    each compared with the one before, run in cfg order. A tuning's trials keep priority 0:
+    its rounds decide which run."""
+    order: list[tuple[str, str]] = []
+    for exp in CFG_EXPERIMENTS:
+        if exp == "ablation":
+            order += [(exp, case_id) for case_id in cases.get(exp, {})]
+            continue
+        points: dict[tuple, list[str]] = {}
+        for case_id, case in cases.get(exp, {}).items():
+            point = (case.model, case.gpus, case.nodes, case.seq_len, case.dec_seq_len)
+            points.setdefault(point, []).append(case_id)
+        for i, ids in enumerate(points.values()):
+            order += [(exp, case_id) for case_id in (ids if i % 2 == 0 else ids[::-1])]
+    return {key: len(order) - i for i, key in enumerate(order)}
 
 
 def tuning_experiment(name: str) -> str:

@@ -305,3 +305,21 @@ def test_steps_past_what_the_harness_runs_are_refused_at_start():
     config["kick_the_tires"]["steps"] = MAX_STEPS + 1
     with pytest.raises(plan.PlanError, match="kick_the_tires.steps: "):
         plan.check_config(config, schema)
+
+
+def test_run_order_puts_the_systems_of_a_point_together_alternating():
+    cases = plan.load_cases(plan.resolve({**CONFIG, "profile": "cpu", "gpus": 0}), REPO)
+    priority = plan.run_order(cases)
+    assert set(priority) == {(exp, cid) for exp in cases for cid in cases[exp]}
+    assert sorted(priority.values()) == list(range(1, len(priority) + 1))  # a total order
+    ordered = sorted(priority, key=priority.get, reverse=True)
+    e2e = [cases[exp][cid] for exp, cid in ordered if exp == "e2e"]
+    assert [exp for exp, _ in ordered[:len(e2e)]] == ["e2e"] * len(e2e)
+    points = [e2e[i:i + 4] for i in range(0, len(e2e), 4)]
+    for i, point in enumerate(points):  # each point's four systems one after another ...
+        assert len({(c.model, c.gpus) for c in point}) == 1
+        modes = [c.mode for c in point]
+        systems = ["megatron", "slapo-megatron", "deepspeed", "slapo-deepspeed"]
+        assert modes == (systems if i % 2 == 0 else systems[::-1])  # ... first, then last
+    ablation = [cases[exp][cid].mode for exp, cid in ordered if exp == "ablation"]
+    assert ablation == ["eager", "slapo-kernel", "slapo-tp-attn-ffn", "slapo-tp-full"]

@@ -91,3 +91,22 @@ def test_report_has_figures_tables_and_captions(done_repo):
                  "Figure 8: multi-node throughput", "Figure 9: ablation",
                  "Table 4: lines of schedule code", "Claims C1-C4"):
         assert text in html, text
+
+
+def test_cases_run_in_the_planned_order_the_compared_ones_together(_completed):
+    import json
+
+    import plan
+
+    config = yaml.safe_load((_completed / "configs" / "config.yaml").read_text())
+    priority = plan.run_order(plan.load_cases(plan.resolve(config), _completed))
+    trace = [json.loads(line) for line in (_completed / "fake_trace.jsonl").read_text()
+             .splitlines() if line]
+    ran = []  # each case's first run (the recheck and gaps run some again afterwards)
+    for job in sorted(trace, key=lambda j: j["start"]):
+        for exp in ("e2e", "ablation"):
+            if (exp, job["case_id"]) in priority and (exp, job["case_id"]) not in ran:
+                ran.append((exp, job["case_id"]))
+    assert ran == sorted(priority, key=priority.get, reverse=True)  # the planned order
+    assert [cid.split("__")[0] for _, cid in ran[:4]] == [
+        "megatron", "slapo-megatron", "deepspeed", "slapo-deepspeed"]  # bert-tiny, 1 rank

@@ -19,6 +19,8 @@ rule case:
         profile=PROFILE["name"],
         case_id="[^/]+",
     threads: case_threads
+    # compared cases run one after another (plan.run_order)
+    priority: case_priority
     resources:
         # gpus: packs jobs onto a node under `--resources gpus=N`; gpu: the same request under
         # the name the Slurm executor plugin reads (one node; on several, gres per machine)

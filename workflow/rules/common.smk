@@ -51,6 +51,7 @@ try:
     TUNINGS = plan.load_tunings(PROFILE)  # {name: TuningSpec}
     CASES.update(plan.tuning_cases(TUNINGS))  # every point of a tuning, as a case
     TUNED = config["tuned"] in (True, "true")  # --config tuned=true: the tuned Figure 7 cases
+    RUN_ORDER = plan.run_order(CASES)  # compared cases one after another
 except plan.PlanError as err:
     refuse(err)
 
@@ -71,6 +72,10 @@ def case_of(wildcards):
             f"no case {wildcards.case_id!r} in experiment {wildcards.experiment!r} of "
             f"profile {PROFILE['name']!r}"
         ) from None
+
+
+def case_priority(wildcards):
+    return RUN_ORDER.get((wildcards.experiment, wildcards.case_id), 0)
 
 
 def case_inputs(wildcards):
