@@ -41,6 +41,7 @@ def test_paper_profile_through_the_slurm_profile(tmp_path):
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs = re.findall(r"wildcards: experiment=e2e, profile=paper, case_id=(\S+)\n"
+                      r"(?:\s*priority: \d+\n)?"  # the run order (plan.run_order)
                       r"\s*threads: (\d+)\n\s*resources: (.*)", proc.stdout + proc.stderr)
     assert len(jobs) > 10
     for case_id, threads, resources in jobs:
@@ -86,6 +87,7 @@ def test_multinode_profile_asks_slurm_for_the_nodes(tmp_path):
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs = re.findall(r"wildcards: experiment=multinode, profile=multinode, case_id=(\S+)\n"
+                      r"(?:\s*priority: \d+\n)?"  # the run order (plan.run_order)
                       r"\s*threads: (\d+)\n\s*resources: (.*)", proc.stdout + proc.stderr)
     assert len(jobs) == 18
     params = {"run_uuid": "u", "slurm_logfile": "l", "comment_str": "c", "account": "",
