@@ -43,8 +43,7 @@ def main() -> None:
     from slapo_ae.harness.runspec import RunSpec
     from slapo_ae.harness.systems import get_system
     from slapo_ae.harness.systems.base import DistContext
-    from slapo_ae.harness.worker import model_fields
-    from slapo_ae.zoo import synthetic_batch
+    from slapo_ae.harness.worker import model_fields, step_batch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -61,12 +60,9 @@ def main() -> None:
         raise SystemExit(f"{args.mode}: not a torch-native trainer (no forward_loss)")
     calls = _skip_collectives() if args.no_comm else None
     fields = model_fields(spec)
-    micro, lo = system.micro_batch(), system.dp_rank * system.micro_batch()
     phases = {"forward": [], "backward": [], "optimizer": [], "step": []}
     for step in range(args.steps):
-        full = synthetic_batch(fields, case.batch_size, case.seq_len, case.dec_seq_len,
-                               seed=case.seed + step)
-        batch = {k: v[lo:lo + micro] for k, v in full.items()}
+        batch = step_batch(spec, fields, system, step)
         t0 = time.perf_counter()
         loss = system.forward_loss(batch)
         t1 = time.perf_counter()

@@ -120,24 +120,31 @@ def model_fields(spec: RunSpec) -> dict:
     return fields
 
 
+def step_batch(spec: RunSpec, fields: dict, system, step: int, device="cpu") -> dict:
+    """This rank's share of step ``step``'s synthetic batch (the same global batch on every
+    rank, seeded by the step; each data-parallel replica takes its micro-batch)."""
+    from slapo_ae.zoo import synthetic_batch
+
+    full = synthetic_batch(fields, spec.case.batch_size, spec.case.seq_len,
+                           spec.case.dec_seq_len, seed=spec.case.seed + step)
+    micro = system.micro_batch()
+    lo = system.dp_rank * micro
+    return {k: v[lo:lo + micro].to(device) for k, v in full.items()}
+
+
 def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict | None]:
     """Run every step; return (this rank's loss tensors, step times in s, its profile
     summary when ``spec.profile_dir`` asks for one)."""
     import torch
 
     from slapo_ae.harness.profiling import StepProfiler
-    from slapo_ae.zoo import synthetic_batch
 
     fields = model_fields(spec)
-    micro = system.micro_batch()
-    lo = system.dp_rank * micro
     cuda = ctx.device.type == "cuda"
     profiler = StepProfiler(spec.profile_dir, ctx.rank, spec.case.warmup, cuda)
     losses, times = [], []
     for step in range(spec.case.steps):
-        full = synthetic_batch(fields, spec.case.batch_size, spec.case.seq_len,
-                               spec.case.dec_seq_len, seed=spec.case.seed + step)
-        batch = {k: v[lo:lo + micro].to(ctx.device) for k, v in full.items()}
+        batch = step_batch(spec, fields, system, step, ctx.device)
         fault = injected_fault(ctx.rank, "step") if step == FAULT_STEP else None
         if fault:
             raise_fault(fault, ctx.rank)

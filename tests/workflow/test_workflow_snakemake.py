@@ -1,4 +1,7 @@
 """The workflow as Snakemake sees it: lint, config validation, the paper DAG, the report."""
+import json
+
+import plan
 import pytest
 import yaml
 from wf_util import REPO, make_repo
@@ -94,10 +97,6 @@ def test_report_has_figures_tables_and_captions(done_repo):
 
 
 def test_cases_run_in_the_planned_order_the_compared_ones_together(_completed):
-    import json
-
-    import plan
-
     config = yaml.safe_load((_completed / "configs" / "config.yaml").read_text())
     priority = plan.run_order(plan.load_cases(plan.resolve(config), _completed))
     trace = [json.loads(line) for line in (_completed / "fake_trace.jsonl").read_text()
