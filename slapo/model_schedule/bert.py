@@ -41,6 +41,6 @@ def schedule(sch, opts) -> None:
             sch["bert.embeddings.word_embeddings"].shard("weight", axis=0)
             sch["bert.embeddings.word_embeddings"].sync("fwd_post", "all_reduce")
             sch["cls.predictions.decoder"].shard("weight", axis=0)  # tied: already sharded
-            sch["cls.predictions.decoder"].sync("bwd_post", "all_reduce")
+            sch["cls.predictions.decoder"].sync("bwd_post", "all_reduce", overlap=[""])
             vocab_parallel_loss(sch, "masked")
     checkpoint_layers(layers, opts.ckpt_ratio)

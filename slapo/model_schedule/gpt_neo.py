@@ -49,6 +49,6 @@ def schedule(sch, opts) -> None:
             sch["transformer.wte"].shard("weight", axis=0)
             sch["transformer.wte"].sync("fwd_post", "all_reduce")
             sch["lm_head"].shard("weight", axis=0)  # tied: already sharded
-            sch["lm_head"].sync("bwd_post", "all_reduce")
+            sch["lm_head"].sync("bwd_post", "all_reduce", overlap=[""])
             vocab_parallel_loss(sch, "causal")
     checkpoint_layers(layers, opts.ckpt_ratio)

@@ -29,6 +29,6 @@ def schedule(sch, opts) -> None:
             sch["model.decoder.embed_tokens"].shard("weight", axis=0)
             sch["model.decoder.embed_tokens"].sync("fwd_post", "all_reduce")
             sch["lm_head"].shard("weight", axis=0)  # tied: already sharded
-            sch["lm_head"].sync("bwd_post", "all_reduce")
+            sch["lm_head"].sync("bwd_post", "all_reduce", overlap=[""])
             vocab_parallel_loss(sch, "causal")
     checkpoint_layers(layers, opts.ckpt_ratio)

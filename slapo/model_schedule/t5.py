@@ -43,6 +43,6 @@ def schedule(sch, opts) -> None:
                 sch[path].shard("weight", axis=0)
                 sch[path].sync("fwd_post", "all_reduce")
             sch["lm_head"].shard("weight", axis=0)
-            sch["lm_head"].sync("bwd_post", "all_reduce")
+            sch["lm_head"].sync("bwd_post", "all_reduce", overlap=[""])
             vocab_parallel_loss(sch, "seq2seq")
     checkpoint_layers(blocks, opts.ckpt_ratio)
