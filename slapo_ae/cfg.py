@@ -33,6 +33,7 @@ from pathlib import Path
 
 from slapo_ae import expr as _expr
 from slapo_ae.case import MAX_GPUS, Case, CaseError, check_batch, check_mode, parse_ckpt
+from slapo_ae.zoo import configs
 
 FIELDS = ("MODE", "MODEL", "GPUS", "SEQ_LEN", "DEC_SEQ_LEN", "BATCH_SIZE", "CKPT")
 # the optional key=value tokens after the fields, and the Case field each sets
@@ -108,6 +109,8 @@ def _parse_line(tokens: list[str], source: str, lineno: int, max_gpus, known_mod
         raise ValueError(f"unknown model {model!r}{hint}")
     counts = expand_gpus(gpus, max_gpus)
     seq_len = _int_field("SEQ_LEN", seq, 1)
+    if known_models is not None:
+        configs.check_seq_len(model, seq_len)
     dec_seq_len = _int_field("DEC_SEQ_LEN", dec, 0)
     ckpt_value = parse_ckpt(mode, ckpt)
     options = _parse_options(extra)

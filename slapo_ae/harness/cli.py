@@ -76,6 +76,7 @@ def spec_from_args(args) -> RunSpec:
     try:
         case = _case.from_args(args, _resolve_device(args.device))
         configs.load_config(case.model)
+        configs.check_seq_len(case.model, case.seq_len, case.overrides)
     except _case.CaseError as err:
         raise UsageError(str(err)) from None
     except KeyError as err:

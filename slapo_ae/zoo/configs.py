@@ -83,6 +83,29 @@ def model_family(name: str) -> str:
     return load_config(name)[PROJECT_KEY]["family"]
 
 
+def max_seq_len(name: str, overrides: dict | None = None) -> int | None:
+    """The longest sequence the model's learned position embeddings cover (with config
+    ``overrides``), or None where positions do not bound it (T5's relative buckets, LLaMA's
+    rotary embeddings, WideResNet). RoBERTa counts its positions from ``pad_token_id + 1``."""
+    cfg = {**load_config(name), **(overrides or {})}
+    family = cfg[PROJECT_KEY]["family"]
+    positions = cfg.get("max_position_embeddings")
+    if family not in ("bert", "roberta", "gpt_neo", "opt") or not isinstance(positions, int):
+        return None
+    if family == "roberta":
+        return positions - (cfg.get("pad_token_id") or 0) - 1
+    return positions
+
+
+def check_seq_len(name: str, seq_len: int, overrides: dict | None = None) -> None:
+    """Raise `ValueError` naming the model and its limit if ``seq_len`` is longer than
+    :func:`max_seq_len`: the embedding lookup would fail inside every rank."""
+    limit = max_seq_len(name, overrides)
+    if limit is not None and seq_len > limit:
+        raise ValueError(f"SEQ_LEN {seq_len} is longer than {name}'s {limit} positions "
+                         "(its config's max_position_embeddings)")
+
+
 def model_meta(name: str) -> dict[str, Any]:
     """The `_slapo` block of a model's config (family, paper label); {} for an unknown or
     malformed one, so that tables and figures of foreign records still draw."""

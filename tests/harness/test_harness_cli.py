@@ -81,6 +81,10 @@ def test_run_unknown_model_is_a_clear_usage_error(tmp_path, capsys):
     (["--mode", "eager", "--gpus", "99999999999999999999"], "--gpus must be 1 to 65536"),
     (["--mode", "eager", "--memory-per-rank", "99999999999999999999"],
      "--memory-per-rank must be at most"),
+    (["--mode", "eager", "--seq-len", "513"],
+     "SEQ_LEN 513 is longer than bert-tiny's 512 positions"),
+    (["--mode", "eager", "--seq-len", "1025", "--override", "max_position_embeddings=1024"],
+     "SEQ_LEN 1025 is longer than bert-tiny's 1024 positions"),
 ])
 def test_run_usage_errors(tmp_path, capsys, args, message):
     base = {"--model": "bert-tiny", "--gpus": "2", "--seq-len": "16", "--batch-size": "4",

@@ -7,6 +7,7 @@ import pytest
 
 from slapo_ae.case import Case, CaseError, add_arguments, from_args, safe_name
 from slapo_ae.cfg import CfgError, expand_gpus, parse_cfg, parse_cfg_text, to_cfg_line
+from slapo_ae.zoo.configs import list_models
 
 SAMPLE = """\
 # a comment line, then a blank line
@@ -156,6 +157,17 @@ def test_known_models_lists_close_matches():
     assert parse_cfg_text("eager bert-xlarge 1 512 0 12 0", known_models=known)
     with pytest.raises(CfgError, match=r"<string>:1: unknown model 'bert-xlage'.*bert-xlarge"):
         parse_cfg_text("eager bert-xlage 1 512 0 12 0", known_models=known)
+
+
+def test_a_sequence_longer_than_the_models_positions_is_a_cfg_error():
+    known = set(list_models())
+    # RoBERTa's positions start after the padding index: 514 entries, 512 positions
+    assert parse_cfg_text("eager roberta-tiny 1 512 0 2 0", known_models=known)
+    assert parse_cfg_text("eager t5-tiny 1 4096 64 2 0", known_models=known)  # relative
+    with pytest.raises(CfgError, match=r"<string>:2: SEQ_LEN 513 is longer than "
+                                       r"roberta-tiny's 512 positions"):
+        parse_cfg_text("eager bert-tiny 1 512 0 2 0\neager roberta-tiny 1 513 0 2 0",
+                       known_models=known)
 
 
 @pytest.mark.parametrize(
