@@ -217,13 +217,17 @@ def tuning_cases(tunings: dict[str, TuningSpec]) -> dict[str, dict[str, Case]]:
 
 def tuned_e2e(cases: dict[str, Case], chosen: list[Case]) -> dict[str, Case]:
     """The e2e cases with each tuning's chosen case in place of the case of the same system,
-    model, GPUs and sequence lengths (added where the profile has none), without the tuning's
-    memory cap: the Figure 7 case of that model with the tuned batch and ratio."""
+    model, GPUs and sequence lengths (where it was in the order; added at the end where the
+    profile has none), without the tuning's memory cap: the Figure 7 case of that model with
+    the tuned batch and ratio."""
     def cell(case: Case) -> tuple:
         return case.mode, case.model, case.gpus, case.nodes, case.seq_len, case.dec_seq_len
 
     tuned = {cell(c): dataclasses.replace(c, memory_per_rank=None) for c in chosen}
-    out = {cid: case for cid, case in cases.items() if cell(case) not in tuned}
+    out = {}
+    for case in cases.values():  # in place: a tuned case keeps its cell's turn (run_order)
+        case = tuned.pop(cell(case), case)
+        out[case.id] = case
     out.update({case.id: case for case in tuned.values()})
     return out
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 
+import plan
 import pytest
+import yaml
 from wf_util import make_config, x_marks
 
 from slapo.autotune import GridSearch, PruningSearch, tune
@@ -130,6 +132,13 @@ def test_tuned_true_runs_the_figure7_case_with_the_tuned_batch_and_ratio(repo):
     assert record["status"] == "ok"
     runs = [t for t in repo.trace() if t["case_id"] == tuned.id]
     assert len(runs) == 2  # once as a trial (capped, 2 steps), once as the Figure 7 case
+    # the Figure 7 cases in the planned order, the tuned one in the turn of the case it replaced
+    settings = plan.resolve(yaml.safe_load((repo.path / "configs" / "config.yaml").read_text()))
+    e2e = plan.tuned_e2e(plan.load_cases(settings, repo.path)["e2e"], [tuned])
+    priority = plan.run_order({"e2e": e2e})
+    ran = [t["case_id"] for t in sorted(repo.trace(), key=lambda t: t["start"])
+           if "/e2e/" in t["log"]]
+    assert ran == sorted(e2e, key=lambda cid: priority["e2e", cid], reverse=True), ran
     assert repo.dry_run("results/e2e.csv", "--config", "tuned=true") == {}
     # without the switch the cfg's own case is back
     assert TUNED_E2E in repo.pending_cases("results/e2e.csv")

@@ -271,6 +271,11 @@ def test_profiles_list_their_tunings_and_a_tuned_case_takes_its_cells_place():
     assert "slapo-deepspeed__wideresnet-2.4B__g4__s1__b144__c0.5" in e2e
     assert "slapo-deepspeed__wideresnet-2.4B__g4__s1__b144__c0.5" not in fed_back
     assert tuned.id in fed_back and len(fed_back) == len(e2e)
+    # in its cell's place: it runs beside the other systems of its point (run_order)
+    at = list(e2e).index("slapo-deepspeed__wideresnet-2.4B__g4__s1__b144__c0.5")
+    assert list(fed_back)[at] == tuned.id
+    order = plan.run_order({"e2e": fed_back})
+    assert order["e2e", tuned.id] == plan.run_order({"e2e": e2e})["e2e", list(e2e)[at]]
     cpu = plan.resolve({**CONFIG, "profile": "cpu", "gpus": 0})
     (small,) = plan.load_tunings(cpu, REPO).values()
     trial = next(iter(small.cases().values()))[1]

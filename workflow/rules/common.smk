@@ -75,7 +75,10 @@ def case_of(wildcards):
 
 
 def case_priority(wildcards):
-    return RUN_ORDER.get((wildcards.experiment, wildcards.case_id), 0)
+    order = RUN_ORDER
+    if wildcards.experiment == "e2e" and TUNED:  # a tuned case runs beside its point's others
+        order = plan.run_order({**CASES, "e2e": e2e_cases()})
+    return order.get((wildcards.experiment, wildcards.case_id), 0)
 
 
 def case_inputs(wildcards):
