@@ -6,6 +6,8 @@ comment (outside quotes); blank lines are skipped. One line gives one :class:`Ca
 count:
 
 - GPUS: one number, a comma list (``2,4,8``), or ``pow2`` (1, 2, 4, ... up to ``max_gpus``).
+- SEQ_LEN: with ``known_models`` (the workflow, ``slapo-bench cases``), at most the model's
+  learned positions (:func:`slapo_ae.zoo.configs.max_seq_len`).
 - BATCH_SIZE: the *global* batch, an expression of the GPU count ``n`` (:mod:`slapo_ae.expr`).
 - CKPT: activation checkpointing. ``megatron``: ``full``, ``selective`` or ``0`` (none, stored
   as ``None``). Every other mode: the fraction of layers checkpointed, a float in [0, 1]

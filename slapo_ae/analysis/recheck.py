@@ -42,7 +42,7 @@ from slapo_ae.atomic import write_text
 from slapo_ae.harness.runner import DEFAULT_HARNESS
 
 DRIFT = 1.25  # the margin below which a decided comparison is measured again
-MAX_RECHECKS = 6
+MAX_RECHECKS = 10  # the workflow's claims.max_rechecks
 
 
 def comparisons(e2e, ablation) -> list[tuple[dict, dict]]:

@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -201,7 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C before any rank started (imports, checks)
+        print(f"slapo-bench {args.command}: interrupted before any rank started; "
+              "no record written", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -105,6 +105,21 @@ def test_a_batch_data_parallel_ranks_cannot_split_is_refused_before_launch(tmp_p
     assert "--batch-size '3': gives 3 for 2 GPUs, not divisible" in capsys.readouterr().err
 
 
+def test_ctrl_c_before_the_ranks_start_is_one_line_and_no_record(tmp_path, capsys,
+                                                                 monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt  # as a Ctrl-C during the harness's imports would
+
+    monkeypatch.setattr(cli, "spec_from_args", interrupted)
+    out = tmp_path / "r.json"
+    rc = cli.main(["run", "--mode", "eager", "--model", "bert-tiny", *TINY, "--out", str(out)])
+    assert rc == 130
+    err = capsys.readouterr().err
+    assert err == ("slapo-bench run: interrupted before any rank started; "
+                   "no record written\n")
+    assert not out.exists()
+
+
 def test_the_data_parallel_modes_are_the_systems_that_split_the_batch():
     """``case.DATA_PARALLEL_MODES`` (checked when a cfg is parsed) names exactly the systems
     whose ranks each take a slice of the batch; the ranks refuse an uneven split as well."""
