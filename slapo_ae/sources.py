@@ -45,13 +45,15 @@ ANALYSIS_STEPS = {
              "atomic", "paths", "zoo/configs"),
     "recheck": ("analysis/recheck", "analysis/gaps", "analysis/claims", "analysis/aggregate",
                 "analysis/rerun", "atomic", "paths", "zoo/configs"),
-    "autotune": ("analysis/autotune", "atomic", "case", "cfg", "expr", "record", "tuning"),
+    "autotune": ("analysis/autotune", "atomic", "case", "cfg", "expr", "paths", "record",
+                 "tuning", "zoo/configs"),
 }
 RERUNS_CASES = ("gaps", "recheck")  # analysis steps that run cases: the case code is input
 # What a tuning's round job runs (slapo_ae/harness/tune.py): the spec reader, the records and
 # the search of slapo/autotune (with slapo's logger). Editing them reruns the rounds, which
 # are cheap; the trials are cases, cached by their own sources.
-TUNING_MODULES = ("harness/tune", "tuning", "atomic", "case", "cfg", "expr", "record")
+TUNING_MODULES = ("harness/tune", "tuning", "atomic", "case", "cfg", "expr", "paths", "record",
+                  "zoo/configs")
 
 
 def _py_files(root: Path, folder: str) -> list[str]:

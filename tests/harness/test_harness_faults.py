@@ -1,10 +1,12 @@
 """Failures are data: a crashing rank, a rank out of memory and a hung collective each end in
 one record (``failed``/``oom``), and ``run`` still exits 0.
 
-The crash is a real one (a sequence longer than bert-tiny's 512 positions) in the first
-step; the OOM and the hang are injected on rank 1 just before set-up with
-``SLAPO_BENCH_FAULT=<kind>@1:setup`` (slapo_ae/harness/worker.py), which keeps those launches
-short: rank 0 goes on and blocks in DDP's first broadcast, waiting for rank 1.
+The crash is a real one: a hidden size that bert-tiny's 4 attention heads do not divide,
+which the config accepts and the model refuses as each rank builds it (a sequence past the
+model's positions, the crash here before, is now refused before the launch). The OOM and the
+hang are injected on rank 1 just before set-up with ``SLAPO_BENCH_FAULT=<kind>@1:setup``
+(slapo_ae/harness/worker.py), which keeps those launches short: rank 0 goes on and blocks in
+DDP's first broadcast, waiting for rank 1.
 """
 from __future__ import annotations
 
@@ -17,11 +19,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_crashing_rank_gives_failed_with_traceback_and_log_tail(tmp_path):
-    args = [a if a != "16" else "600" for a in TINY]  # seq len 600 > 512 positions
-    _, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny", *args)
+    _, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny", *TINY,
+                         "--override", "hidden_size=130")  # 4 heads do not divide 130
     assert record.status == "failed"
     head = record.reason.splitlines()[0]
-    assert head.startswith("rank ") and "RuntimeError" in head and "600" in head
+    assert head.startswith("rank ") and "ValueError" in head and "130" in head
     assert "(a rank exited with code 1)" in head
     assert "traceback ---" in record.reason and "--- log tail" in record.reason
     assert record.metrics.samples_per_s is None and record.log_path.endswith("r.log")
