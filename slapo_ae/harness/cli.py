@@ -130,13 +130,17 @@ def _writable(flag: str, folder: Path) -> None:
 
 
 def cmd_run(args) -> int:
-    from slapo_ae.harness import launch
-
     try:
+        from slapo_ae.harness import launch
+
         spec = spec_from_args(args)
     except UsageError as err:
         print(f"slapo-bench run: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C during the imports and checks: no rank has started
+        print("slapo-bench run: interrupted before any rank started; no record written",
+              file=sys.stderr)
+        return 128 + signal.SIGINT
     try:
         record = launch.run(spec)
     except Exception as err:  # the harness's own bug or environment: still leave a record
@@ -202,12 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:  # Ctrl-C before any rank started (imports, checks)
-        print(f"slapo-bench {args.command}: interrupted before any rank started; "
-              "no record written", file=sys.stderr)
-        return 128 + signal.SIGINT
+    return args.func(args)
 
 
 if __name__ == "__main__":
