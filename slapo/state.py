@@ -61,7 +61,7 @@ LOSS_FN = "_slapo_loss_fn"  # loss_fn(output, target): the wrapper's loss from t
 # --- marks of tensors ----------------------------------------------------------------------
 # Written by sharding.overlap.overlap_input on the module input it returns; read by the
 # forward of the linears it lists (defer_weight_grad).
-PENDING_WEIGHT_GRADS = "_slapo_pending_weight_grads"  # the call's PendingWeightGrads
+PENDING_WEIGHT_GRADS = "_slapo_pending_weight_grads"  # the call's overlap.MarkedInput
 
 # --- marks of the root Schedule -----------------------------------------------------------
 # Written by cut_pipeline_stage (pipeline.record_cut); read by pipeline.split_stages.

@@ -41,9 +41,16 @@ def supports_overlap(mod: nn.Module) -> bool:
 
 
 class PendingWeightGrads:
-    """One forward call of the synchronised module: where each linear's parameters sit among
-    those the node passes through, the node's views of them (by module), and, filled in the
-    backward, the (grad_output, input) pairs their weight gradients need."""
+    """One forward call of the synchronised module, as its backward needs it: where each
+    linear's parameters sit among those the node passes through and, filled in the backward,
+    the (grad_output, input) pairs their weight gradients need.
+
+    It must not hold the node's outputs (the views of the parameters): the node's context
+    holds it, and outputs -> node -> context -> outputs is a cycle through autograd's C++
+    graph that Python's garbage collector does not free, so every step would keep its
+    views and graph alive (12 MB a step on t5-tiny, 2026-12-02). The views travel with the
+    marked input instead (:class:`MarkedInput`).
+    """
 
     def __init__(self, linears: list[nn.Module]):
         self.linears = linears
@@ -54,7 +61,6 @@ class PendingWeightGrads:
             bias = at + 1 if _bias_is_deferred(mod) else None
             self.slots.append((at, bias))
             at += 1 if bias is None else 2
-        self.views: dict[int, tuple[int, torch.Tensor, torch.Tensor | None]] = {}
         self.pairs: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (linear index, g, x)
 
     def params(self) -> list[torch.Tensor]:
@@ -128,13 +134,23 @@ class _DeferredLinear(torch.autograd.Function):
         return grad_x, None, None, None, None
 
 
+class MarkedInput:
+    """The mark :func:`overlap_input` puts on the input it returns, read by the listed
+    linears' forwards: the call's pending weight gradients and, by module, the linear's
+    index and the node's views of its weight and deferred bias."""
+
+    def __init__(self, pending: PendingWeightGrads,
+                 views: dict[int, tuple[int, torch.Tensor, torch.Tensor | None]]):
+        self.pending, self.views = pending, views
+
+
 def overlap_input(x: torch.Tensor, linears: list[nn.Module], group) -> torch.Tensor:
     """The module input ``x`` through the overlap node, marked for ``linears``."""
     pending = PendingWeightGrads(linears)
     out, *views = _Overlap.apply(x, pending, group, *pending.params())
-    for index, (mod, (weight, bias)) in enumerate(zip(linears, pending.slots)):
-        pending.views[id(mod)] = (index, views[weight], None if bias is None else views[bias])
-    state.set_pending_weight_grads(out, pending)
+    by_module = {id(mod): (index, views[weight], None if bias is None else views[bias])
+                 for index, (mod, (weight, bias)) in enumerate(zip(linears, pending.slots))}
+    state.set_pending_weight_grads(out, MarkedInput(pending, by_module))
     return out
 
 
@@ -146,12 +162,12 @@ def defer_weight_grad(mod: nn.Module) -> None:
     plain = mod.forward
 
     def forward(x, *args, **kwargs):
-        pending = state.pending_weight_grads(x)
-        views = pending.views.get(id(mod)) if pending is not None else None
+        mark = state.pending_weight_grads(x)
+        views = mark.views.get(id(mod)) if mark is not None else None
         if views is None or args or kwargs:
             return plain(x, *args, **kwargs)
         index, weight, bias = views
-        y = _DeferredLinear.apply(x, weight, bias, pending, index)
+        y = _DeferredLinear.apply(x, weight, bias, mark.pending, index)
         return y if type(mod) is nn.Linear else mod.epilogue(y)
 
     mod.forward = forward

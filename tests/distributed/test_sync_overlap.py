@@ -2,9 +2,11 @@
 weight gradients are computed beside the input gradient's all-reduce (slapo.sharding.overlap),
 and the model trains exactly as the plain one: Q/K/V-like linears sharing the input, a fused
 bias+GeLU linear, a linear listed but called on another tensor, under activation checkpointing
-too; and the overlap really runs (its autograd nodes are in the graph)."""
+too; and the overlap really runs (its autograd nodes are in the graph), and each call's
+bookkeeping is freed with its graph."""
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from torch import nn
 
 import slapo
 from slapo.op import LinearGeLU
+from slapo.sharding.overlap import MarkedInput, PendingWeightGrads
 from slapo.verify import train_side_by_side
 
 TOL = 1e-5
@@ -84,6 +87,28 @@ def test_overlapped_weight_grads_train_as_the_plain_model(checkpoint):
             assert report.loss_error <= TOL, step
             assert report.output_error <= TOL, step
             assert report.max_grad_error[1] <= TOL, (step, report.max_grad_error)
+
+
+def _calls_left_alive(checkpoint: bool) -> int:
+    """Train 3 steps, then run a forward whose graph is dropped unused; count the overlap
+    calls' objects still alive after a full collection."""
+    torch.manual_seed(0)
+    sch = slapo.create_schedule(Net())
+    _schedule(sch, checkpoint)
+    model = slapo.build_module(sch)
+    for seed in range(3):
+        x = torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(seed))
+        model(x).pow(2).mean().backward()
+    model(x).sum()  # graph dropped without a backward
+    gc.collect()
+    return sum(isinstance(o, (PendingWeightGrads, MarkedInput)) for o in gc.get_objects())
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_each_call_is_freed_with_its_graph(checkpoint):
+    # the views of the parameters once sat on the object the node's backward holds: a cycle
+    # through autograd's graph that gc cannot free, 12 MB a step on t5-tiny at 2 ranks
+    assert run_ranks(_calls_left_alive, checkpoint) == [0, 0]
 
 
 def test_overlap_refuses_what_it_cannot_overlap():
