@@ -132,18 +132,23 @@ def step_batch(spec: RunSpec, fields: dict, system, step: int, device="cpu") -> 
     return {k: v[lo:lo + micro].to(device) for k, v in full.items()}
 
 
-def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict | None]:
+def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict | None, int | None]:
     """Run every step; return (this rank's loss tensors, step times in s, its profile
-    summary when ``spec.profile_dir`` asks for one)."""
+    summary when ``spec.profile_dir`` asks for one, how much its memory in use grew over the
+    timed steps in bytes, None where unmeasured)."""
     import torch
 
+    from slapo_ae.harness.metrics import memory_in_use_bytes
     from slapo_ae.harness.profiling import StepProfiler
 
     fields = model_fields(spec)
     cuda = ctx.device.type == "cuda"
     profiler = StepProfiler(spec.profile_dir, ctx.rank, spec.case.warmup, cuda)
     losses, times = [], []
+    in_use_after_warmup = None
     for step in range(spec.case.steps):
+        if step == spec.case.warmup:
+            in_use_after_warmup = memory_in_use_bytes(ctx.device)
         batch = step_batch(spec, fields, system, step, ctx.device)
         fault = injected_fault(ctx.rank, "step") if step == FAULT_STEP else None
         if fault:
@@ -166,7 +171,10 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
             log(0, f"step {step + 1}/{spec.case.steps}: {times[-1]:.3f} s"
                    f"{' (warm-up)' if step < spec.case.warmup else ''}")
     timeline["train_end"] = time.time()
-    return losses, times, profiler.finish()
+    in_use = memory_in_use_bytes(ctx.device)
+    growth = (in_use - in_use_after_warmup
+              if in_use is not None and in_use_after_warmup is not None else None)
+    return losses, times, profiler.finish(), growth
 
 
 def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list[dict]):
@@ -186,6 +194,10 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
     if budget.oversubscribed:
         notes.append(f"oversubscribed: {budget.ranks} ranks on {budget.cores} cores (one "
                      "thread each); the steps measure the cores' time-sharing too")
+    growth = [rank["memory_growth"] for rank in gathered]
+    leak = metrics.memory_growth_note(growth, spec.case.steps - spec.case.warmup)
+    if leak:
+        notes.append(leak)
     if spec.profile_dir:
         notes.append(f"profiled with torch.profiler (tables and traces in {spec.profile_dir}): "
                      "the timed steps ran slower than unprofiled ones")
@@ -212,6 +224,8 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
         "timeline": timeline, "run_id": spec.run_id,
         "profile": ({str(i): r["profile"] for i, r in enumerate(gathered)}
                     if spec.profile_dir else None),
+        # per rank, from the first timed step to the end (RSS on CPU, allocated on CUDA)
+        "memory_growth_bytes": growth,
         "launch_to_first_step_s": (first - spec.launch_time
                                    if first and spec.launch_time else None),
     }
@@ -296,7 +310,7 @@ def run(spec: RunSpec) -> int:
             log(rank, f"{spec.case.mode} set up in {timeline['setup_done'] - _T0:.1f} s "
                       f"(dp {system.dp_size}, tp {system.tp_size}); "
                       f"training {spec.case.steps} steps")
-            local_losses, times, profile = train(system, spec, ctx, timeline)
+            local_losses, times, profile, growth = train(system, spec, ctx, timeline)
         except Unsupported as err:
             reason = str(err)
             log(rank, f"unsupported: {reason}")
@@ -312,7 +326,7 @@ def run(spec: RunSpec) -> int:
         losses = (losses / world).tolist()
         mine = {"peak_mem": metrics.peak_memory_bytes(device), "params": system.params_on_rank(),
                 "step_times": times, "timeline": timeline, "threads": threads.threads_in_use(),
-                "profile": profile}
+                "profile": profile, "memory_growth": growth}
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:

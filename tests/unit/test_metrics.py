@@ -1,7 +1,9 @@
-"""Throughput, spread, MFU and peak memory (slapo_ae.harness.metrics)."""
+"""Throughput, spread, MFU, peak memory and memory growth (slapo_ae.harness.metrics)."""
 import pytest
 
 from slapo_ae.harness.metrics import (
+    memory_growth_note,
+    memory_in_use_bytes,
     mfu,
     peak_flops,
     peak_memory_bytes,
@@ -57,3 +59,26 @@ def test_peak_memory_on_cpu_is_peak_rss():
     rss = peak_rss_bytes()
     assert rss > 10 * 2**20  # a Python process with pytest loaded uses more than 10 MiB
     assert peak_memory_bytes("cpu") >= rss
+
+
+def test_memory_in_use_on_cpu_is_the_resident_set():
+    import torch
+
+    before = memory_in_use_bytes("cpu")
+    block = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
+    after = memory_in_use_bytes("cpu")
+    assert before > 10 * 2**20 and after - before >= 60 * 2**20
+    del block
+
+
+def test_memory_growth_note_names_a_leak_not_jitter():
+    mib = 2**20
+    # the overlap node's leak of 2026-12-02: 12 MiB a step on t5-tiny, 20 timed steps
+    note = memory_growth_note([240 * mib, 250 * mib], 20)
+    assert note.startswith("memory grew 250 MiB over the 20 timed steps on rank 1 "
+                           "(12.5 MiB a step)")
+    assert memory_growth_note([10 * mib, -4 * mib], 20) is None  # allocator jitter
+    assert memory_growth_note([40 * mib], 60) is None  # under 1 MiB a step
+    assert memory_growth_note([20 * mib], 4) is None  # fast, but only 20 MiB in all
+    assert memory_growth_note([None, None], 20) is None  # not measured
+    assert memory_growth_note([100 * mib], 0) is None
