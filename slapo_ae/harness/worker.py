@@ -132,23 +132,23 @@ def step_batch(spec: RunSpec, fields: dict, system, step: int, device="cpu") -> 
     return {k: v[lo:lo + micro].to(device) for k, v in full.items()}
 
 
-def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict | None, int | None]:
+def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict | None, list]:
     """Run every step; return (this rank's loss tensors, step times in s, its profile
-    summary when ``spec.profile_dir`` asks for one, how much its memory in use grew over the
-    timed steps in bytes, None where unmeasured)."""
+    summary when ``spec.profile_dir`` asks for one, its memory in use in bytes at
+    :func:`~slapo_ae.harness.metrics.memory_sample_steps`, None where unmeasured)."""
     import torch
 
-    from slapo_ae.harness.metrics import memory_in_use_bytes
+    from slapo_ae.harness.metrics import memory_in_use_bytes, memory_sample_steps
     from slapo_ae.harness.profiling import StepProfiler
 
     fields = model_fields(spec)
     cuda = ctx.device.type == "cuda"
     profiler = StepProfiler(spec.profile_dir, ctx.rank, spec.case.warmup, cuda)
     losses, times = [], []
-    in_use_after_warmup = None
+    sample_at, memory = memory_sample_steps(spec.case.steps, spec.case.warmup), []
     for step in range(spec.case.steps):
-        if step == spec.case.warmup:
-            in_use_after_warmup = memory_in_use_bytes(ctx.device)
+        for _ in range(sample_at[:-1].count(step)):  # (the first two coincide at 1 timed step)
+            memory.append(memory_in_use_bytes(ctx.device))
         batch = step_batch(spec, fields, system, step, ctx.device)
         fault = injected_fault(ctx.rank, "step") if step == FAULT_STEP else None
         if fault:
@@ -171,10 +171,8 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
             log(0, f"step {step + 1}/{spec.case.steps}: {times[-1]:.3f} s"
                    f"{' (warm-up)' if step < spec.case.warmup else ''}")
     timeline["train_end"] = time.time()
-    in_use = memory_in_use_bytes(ctx.device)
-    growth = (in_use - in_use_after_warmup
-              if in_use is not None and in_use_after_warmup is not None else None)
-    return losses, times, profiler.finish(), growth
+    memory.append(memory_in_use_bytes(ctx.device))
+    return losses, times, profiler.finish(), memory
 
 
 def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list[dict]):
@@ -194,9 +192,10 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
     if budget.oversubscribed:
         notes.append(f"oversubscribed: {budget.ranks} ranks on {budget.cores} cores (one "
                      "thread each); the steps measure the cores' time-sharing too")
-    growth = [rank["memory_growth"] for rank in gathered]
-    leak = metrics.memory_growth_note(growth, spec.case.steps - spec.case.warmup)
-    if leak:
+    memory = {"steps": metrics.memory_sample_steps(spec.case.steps, spec.case.warmup),
+              "ranks": [rank["memory"] for rank in gathered]}
+    leak = metrics.memory_growth_note(memory["ranks"], memory["steps"])
+    if leak and not spec.profile_dir:  # the profiler's own event buffers grow every step
         notes.append(leak)
     if spec.profile_dir:
         notes.append(f"profiled with torch.profiler (tables and traces in {spec.profile_dir}): "
@@ -224,8 +223,9 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
         "timeline": timeline, "run_id": spec.run_id,
         "profile": ({str(i): r["profile"] for i, r in enumerate(gathered)}
                     if spec.profile_dir else None),
-        # per rank, from the first timed step to the end (RSS on CPU, allocated on CUDA)
-        "memory_growth_bytes": growth,
+        # per rank, before the first and the middle timed step and after the last (RSS on
+        # CPU, allocated on CUDA): a leak grows it in both halves
+        "memory_in_use_bytes": memory,
         "launch_to_first_step_s": (first - spec.launch_time
                                    if first and spec.launch_time else None),
     }
@@ -310,7 +310,7 @@ def run(spec: RunSpec) -> int:
             log(rank, f"{spec.case.mode} set up in {timeline['setup_done'] - _T0:.1f} s "
                       f"(dp {system.dp_size}, tp {system.tp_size}); "
                       f"training {spec.case.steps} steps")
-            local_losses, times, profile, growth = train(system, spec, ctx, timeline)
+            local_losses, times, profile, memory = train(system, spec, ctx, timeline)
         except Unsupported as err:
             reason = str(err)
             log(rank, f"unsupported: {reason}")
@@ -326,7 +326,7 @@ def run(spec: RunSpec) -> int:
         losses = (losses / world).tolist()
         mine = {"peak_mem": metrics.peak_memory_bytes(device), "params": system.params_on_rank(),
                 "step_times": times, "timeline": timeline, "threads": threads.threads_in_use(),
-                "profile": profile, "memory_growth": growth}
+                "profile": profile, "memory": memory}
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:

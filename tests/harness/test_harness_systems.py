@@ -51,9 +51,10 @@ def test_system_writes_a_valid_record(records, name):
     assert m.samples_per_s > 0 and m.spread["min"] <= m.samples_per_s <= m.spread["max"]
     assert m.flops_per_sample > 0 and m.tflops_per_gpu > 0 and m.mfu is None  # CPU: no peak
     assert len(m.peak_mem_bytes) == 2 and min(m.peak_mem_bytes) > 50e6  # peak RSS per rank
-    growth = m.extra["memory_growth_bytes"]  # per rank, over the timed steps: no leak
-    assert len(growth) == 2 and all(abs(g) < 32 * 2**20 for g in growth), growth
-    assert not any("memory grew" in note for note in m.extra["notes"])
+    memory = m.extra["memory_in_use_bytes"]  # per rank, at the first, middle and last step
+    assert memory["steps"] == [1, 2, 3] and len(memory["ranks"]) == 2
+    assert all(len(r) == 3 and min(r) > 50e6 for r in memory["ranks"]), memory
+    assert not any("memory grew" in note for note in m.extra["notes"])  # no leak
     assert len(m.params) == 2 and min(m.params) > 0
     assert record.env["device_name"].startswith("cpu") and record.env["world_size"] == 2
     assert record.env["backend"] == "gloo" and record.env["torch"]

@@ -4,6 +4,7 @@ import pytest
 from slapo_ae.harness.metrics import (
     memory_growth_note,
     memory_in_use_bytes,
+    memory_sample_steps,
     mfu,
     peak_flops,
     peak_memory_bytes,
@@ -71,14 +72,23 @@ def test_memory_in_use_on_cpu_is_the_resident_set():
     del block
 
 
-def test_memory_growth_note_names_a_leak_not_jitter():
+def test_memory_is_sampled_at_the_first_the_middle_and_after_the_last_timed_step():
+    assert memory_sample_steps(28, 4) == [4, 16, 28]
+    assert memory_sample_steps(3, 1) == [1, 2, 3]
+    assert memory_sample_steps(2, 1) == [1, 1, 2]  # one timed step: no halves
+
+
+def test_memory_growth_note_names_a_leak_in_both_halves_only():
     mib = 2**20
-    # the overlap node's leak of 2026-12-02: 12 MiB a step on t5-tiny, 20 timed steps
-    note = memory_growth_note([240 * mib, 250 * mib], 20)
-    assert note.startswith("memory grew 250 MiB over the 20 timed steps on rank 1 "
-                           "(12.5 MiB a step)")
-    assert memory_growth_note([10 * mib, -4 * mib], 20) is None  # allocator jitter
-    assert memory_growth_note([40 * mib], 60) is None  # under 1 MiB a step
-    assert memory_growth_note([20 * mib], 4) is None  # fast, but only 20 MiB in all
-    assert memory_growth_note([None, None], 20) is None  # not measured
-    assert memory_growth_note([100 * mib], 0) is None
+    at = [4, 16, 28]
+    # the overlap node's leak of 2026-12-02: about 10 MiB a step on t5-tiny, 24 timed steps
+    leak = [[430 * mib, 550 * mib, 679 * mib], [428 * mib, 546 * mib, 670 * mib]]
+    note = memory_growth_note(leak, at)
+    assert note.startswith("memory grew 249 MiB over the 24 timed steps on rank 0 "
+                           "(10.4 MiB a step, in both halves)")
+    # the allocator's warm-up: 49 MiB in the first half, flat after
+    assert memory_growth_note([[400 * mib, 447 * mib, 449 * mib]], at) is None
+    assert memory_growth_note([[400 * mib, 405 * mib, 396 * mib]], at) is None  # jitter
+    assert memory_growth_note([[400 * mib, 420 * mib, 440 * mib]], [4, 34, 64]) is None  # slow
+    assert memory_growth_note([None, [1, 2, None]], at) is None  # not measured
+    assert memory_growth_note([[0, 100 * mib, 200 * mib]], [1, 1, 2]) is None  # no halves
