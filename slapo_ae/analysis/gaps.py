@@ -111,15 +111,19 @@ def per_step(ops: dict) -> dict[str, float]:
     return {name: op["self_cpu_us"] / 1e3 / steps for name, op in ops["ops"].items()}
 
 
-def explain(base_ops: dict, slapo_ops: dict) -> dict:
-    """Where the time per step goes, baseline against Slapo (rank 0, self CPU ms)."""
+def explain(base_ops: dict, slapo_ops: dict, batches: tuple[int, int] = (1, 1)) -> dict:
+    """Where the time per step goes, baseline against Slapo (rank 0, self CPU ms);
+    ``batches``: the two cases' global batches, which differ where an ablation step adds
+    ranks (Figure 9: + Kernel Opt on 1 rank, batch 8; + Attn/FFN TP on 2, batch 16)."""
     a, b = per_step(base_ops), per_step(slapo_ops)
     collective = lambda ops: sum(v for k, v in ops.items() if COLLECTIVE.search(k))  # noqa: E731
     diffs = sorted(((name, a.get(name, 0.0), b.get(name, 0.0)) for name in set(a) | set(b)),
                    key=lambda t: abs(t[2] - t[1]), reverse=True)
+    wall = [base_ops["wall_us"] / 1e3 / max(base_ops["steps"], 1),
+            slapo_ops["wall_us"] / 1e3 / max(slapo_ops["steps"], 1)]
     return {
-        "wall_ms_per_step": [base_ops["wall_us"] / 1e3 / max(base_ops["steps"], 1),
-                             slapo_ops["wall_us"] / 1e3 / max(slapo_ops["steps"], 1)],
+        "wall_ms_per_step": wall, "batches": list(batches),
+        "wall_ms_per_sample": [wall[0] / batches[0], wall[1] / batches[1]],
         "self_cpu_ms_per_step": [sum(a.values()), sum(b.values())],
         "collective_ms_per_step": [collective(a), collective(b)],
         "largest_differences": [{"op": name, "baseline_ms": x, "slapo_ms": y}
@@ -133,13 +137,18 @@ def cause_text(profile: dict) -> str:
     on t5-tiny, 2 ranks, three unprofiled pairs had Slapo-TP behind Megatron-LM (0.70 to 0.87)
     and both profiled pairs right after had Slapo's step the shorter (docs/workflow.md)."""
     wa, wb = profile["wall_ms_per_step"]
+    sa, sb = profile.get("wall_ms_per_sample", (wa, wb))
     ca, cb = profile["collective_ms_per_step"]
     ops = ", ".join(f"{d['op']} {d['baseline_ms']:.1f} -> {d['slapo_ms']:.1f}"
                     for d in profile["largest_differences"])
-    verdict = ("gap not reproduced when profiled: Slapo's step was the shorter one, so the "
-               "profile does not show a cause; " if wb <= wa else "")
-    return (f"{verdict}profiled step (rank 0): {wa:.1f} -> {wb:.1f} ms wall, collectives "
-            f"{ca:.1f} -> {cb:.1f} ms; largest differences (ms/step, baseline -> Slapo): {ops}")
+    batches = profile.get("batches", [1, 1])
+    per_sample = (f" ({sa:.1f} -> {sb:.1f} ms a sample, batches {batches[0]} and {batches[1]})"
+                  if batches[0] != batches[1] else "")
+    verdict = ("gap not reproduced when profiled: Slapo took the shorter time a sample, so the "
+               "profile does not show a cause; " if sb <= sa else "")
+    return (f"{verdict}profiled step (rank 0): {wa:.1f} -> {wb:.1f} ms wall{per_sample}, "
+            f"collectives {ca:.1f} -> {cb:.1f} ms; largest differences (ms/step, baseline -> "
+            f"Slapo): {ops}")
 
 
 def find_gaps(e2e_rows, ablation_rows, profiles: Path | None, device: str = "cpu",
@@ -160,7 +169,8 @@ def find_gaps(e2e_rows, ablation_rows, profiles: Path | None, device: str = "cpu
         except (RuntimeError, OSError, ValueError) as err:
             point["cause"] = f"profiling failed: {err}"
             continue
-        point["profile"] = explain(base, ours)
+        point["profile"] = explain(base, ours, (point["baseline"]["batch_size"],
+                                                point["slapo"]["batch_size"]))
         point["profile_dir"] = str(where)
         point["cause"] = cause_text(point["profile"])
     return {"points": points, "behind": len(behind), "device": device,

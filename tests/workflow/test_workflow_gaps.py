@@ -64,7 +64,20 @@ def test_explain_puts_the_largest_difference_first():
                            "10.0 -> 35.0 ms")
     assert "c10d::allreduce_ 10.0 -> 35.0" in text and "aten::bernoulli_ 20.0 -> 0.0" in text
     faster = gaps.cause_text(gaps.explain(ours, base))  # the profile has Slapo ahead
-    assert faster.startswith("gap not reproduced when profiled: Slapo's step was the shorter")
+    assert faster.startswith("gap not reproduced when profiled: Slapo took the shorter time")
+
+
+def test_steps_of_different_batches_are_compared_per_sample():
+    # + Attn/FFN TP (2 ranks, batch 16) after + Kernel Opt (1 rank, batch 8), 2026-12-02:
+    # the longer step does twice the samples, so it is the faster one
+    base = ops(7, 147.5, **{"aten::mm": 46})
+    ours = ops(7, 241.4, **{"aten::mm": 62})
+    text = gaps.cause_text(gaps.explain(base, ours, (8, 16)))
+    assert text.startswith("gap not reproduced when profiled: Slapo took the shorter time a "
+                           "sample")
+    assert "147.5 -> 241.4 ms wall (18.4 -> 15.1 ms a sample, batches 8 and 16)" in text
+    slower = gaps.cause_text(gaps.explain(base, ops(7, 320, **{"aten::mm": 62}), (8, 16)))
+    assert slower.startswith("profiled step (rank 0): 147.5 -> 320.0 ms wall (18.4 -> 20.0")
 
 
 def test_find_gaps_profiles_only_the_points_behind(monkeypatch, tmp_path):
