@@ -10,10 +10,11 @@ torch.profiler slows systems unequally (on t5-tiny at 2 ranks megatron-core's st
 100 ms more under it, Slapo-TP's 0 to 50), so a gap that the `gaps` profiles do not show can
 still be found here (docs/workflow.md: the t5-tiny gap of 2026-12-02 was Slapo-TP's forward,
 66 to 69 ms against 47 to 52 with ``--no-comm``, and its cause a leak that slowed every
-operator a little, which no operator table singles out). Run the systems one after the other, alternating, and
-compare ratios. ``--no-comm`` turns the collectives into no-ops after set-up: each rank's
-compute alone, to tell a gap in computation from one in communication (on t5-tiny at 2 ranks
-the steps took 210 to 250 ms with the collectives, 110 to 190 without, 2026-12-02).
+operator a little, which no operator table singles out). Run the systems one after the
+other, alternating, and compare ratios. ``--no-comm`` turns the collectives into no-ops after
+set-up: each rank's compute alone, to tell a gap in computation from one in communication (on
+t5-tiny at 2 ranks the steps took 210 to 250 ms with the collectives, 110 to 190 without,
+2026-12-02).
 """
 from __future__ import annotations
 
