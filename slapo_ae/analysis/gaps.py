@@ -137,11 +137,11 @@ def cause_text(profile: dict) -> str:
     on t5-tiny, 2 ranks, three unprofiled pairs had Slapo-TP behind Megatron-LM (0.70 to 0.87)
     and both profiled pairs right after had Slapo's step the shorter (docs/workflow.md)."""
     wa, wb = profile["wall_ms_per_step"]
-    sa, sb = profile.get("wall_ms_per_sample", (wa, wb))
+    sa, sb = profile["wall_ms_per_sample"]
     ca, cb = profile["collective_ms_per_step"]
     ops = ", ".join(f"{d['op']} {d['baseline_ms']:.1f} -> {d['slapo_ms']:.1f}"
                     for d in profile["largest_differences"])
-    batches = profile.get("batches", [1, 1])
+    batches = profile["batches"]
     per_sample = (f" ({sa:.1f} -> {sb:.1f} ms a sample, batches {batches[0]} and {batches[1]})"
                   if batches[0] != batches[1] else "")
     verdict = ("gap not reproduced when profiled: Slapo took the shorter time a sample, so the "
