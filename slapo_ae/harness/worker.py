@@ -194,9 +194,10 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
                      "thread each); the steps measure the cores' time-sharing too")
     memory = {"steps": metrics.memory_sample_steps(spec.case.steps, spec.case.warmup),
               "ranks": [rank["memory"] for rank in gathered]}
-    leak = metrics.memory_growth_note(memory["ranks"], memory["steps"])
-    if leak and not spec.profile_dir:  # the profiler's own event buffers grow every step
-        notes.append(leak)
+    if not spec.profile_dir:  # the profiler's own event buffers grow every step
+        leak = metrics.memory_growth_note(memory["ranks"], memory["steps"])
+        if leak:
+            notes.append(leak)
     if spec.profile_dir:
         notes.append(f"profiled with torch.profiler (tables and traces in {spec.profile_dir}): "
                      "the timed steps ran slower than unprofiled ones")
