@@ -65,7 +65,8 @@ BACK_TO_BACK_RULE = ("A decided comparison whose margin (q1 of the faster over q
                      "slower) is below the machine's drift between runs ({below}x) was run "
                      "again, both cases back to back; it stays decided only if that pair gives "
                      "the same verdict by the same rule, else it is INCONCLUSIVE (not "
-                     "reproduced back to back)")
+                     "reproduced back to back). A point where Slapo is behind its own engine "
+                     "was run again so whatever its margin")
 PAPER_C2 = {"single_node": 2.92, "multi_node": 1.41}
 DEFAULTS = {"c2_min_speedup": 1.0, "c3_max_ratio": 1.5}
 TITLES = {

@@ -65,30 +65,68 @@ def test_recheck_runs_each_close_pair_back_to_back_alternating_the_order(monkeyp
              "eager": 90, "slapo-kernel": 91,  # the gap was the drift
              "megatron": 80, "slapo-megatron": 70}
     monkeypatch.setattr(recheck, "run_again", fake_runs(rates, calls))
-    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, most=2)
+    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, most=1)
     assert [c[0] for c in calls] == [
-        "deepspeed__bert-tiny__g2", "slapo-deepspeed__bert-tiny__g2",  # b first ...
-        "slapo-kernel__bert-tiny__g1", "eager__bert-tiny__g1"]  # ... then a first
+        # where Slapo is behind first, past the limit (--max 1) ...
+        "eager__bert-tiny__g1", "slapo-kernel__bert-tiny__g1",  # b first ...
+        "slapo-megatron__bert-tiny__g2", "megatron__bert-tiny__g2",  # ... then a first
+        "deepspeed__bert-tiny__g2", "slapo-deepspeed__bert-tiny__g2"]  # ... then the closest
     assert {c[1:3] for c in calls} == {(24, 4)}
-    assert result["close"] == 3 and result["measured"] == 2
-    assert result["not_measured"] == [
-        "megatron__bert-tiny__g2 vs slapo-megatron__bert-tiny__g2"]
+    assert (result["close"], result["trailing"], result["measured"]) == (3, 2, 3)
+    assert result["not_measured"] == []
     again = {c["a"]: c["verdict_again"] for c in result["comparisons"].values()}
     assert again == {"slapo-deepspeed__bert-tiny__g2": "PASS",
-                     "slapo-kernel__bert-tiny__g1": "INCONCLUSIVE",
-                     "slapo-megatron__bert-tiny__g2": None}  # past the limit: not run
+                     "slapo-kernel__bert-tiny__g1": "INCONCLUSIVE",  # the gap was the drift
+                     "slapo-megatron__bert-tiny__g2": "FAIL"}
     json.dumps(result)
+
+
+def test_a_close_call_where_slapo_is_not_behind_counts_against_the_limit(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(recheck, "run_again", fake_runs(
+        {"eager": 90, "slapo-kernel": 91, "megatron": 80, "slapo-megatron": 70}, calls))
+    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, most=0)
+    assert len(calls) == 4 and result["measured"] == 2
+    assert result["not_measured"] == [
+        "deepspeed__bert-tiny__g2 vs slapo-deepspeed__bert-tiny__g2"]
+    again = {c["a"]: c["verdict_again"] for c in result["comparisons"].values()}
+    assert again["slapo-deepspeed__bert-tiny__g2"] is None  # past the limit: not run
+    json.dumps(result)
+
+
+def test_slapo_behind_its_engine_is_measured_again_whatever_the_margin_and_the_limit(
+        monkeypatch, tmp_path):
+    far_behind = [row("deepspeed", 60, 58, 62, model="wideresnet-tiny", gpus=1),
+                  row("slapo-deepspeed", 40, 38, 42, model="wideresnet-tiny", gpus=1),  # 58 / 42
+                  row("megatron", 20, 19, 21, gpus=1),
+                  row("slapo-megatron", 50, 48, 52, gpus=1)]  # far ahead: left alone
+    e2e = pd.DataFrame(far_behind)
+    assert recheck.close_calls(recheck.comparisons(e2e, None), below=1.25) == []
+    calls = []
+    monkeypatch.setattr(recheck, "run_again", fake_runs(
+        {"deepspeed": 50, "slapo-deepspeed": 51}, calls))
+    result = recheck.recheck(e2e, None, tmp_path, steps=24, warmup=4, most=0)
+    assert [c[0] for c in calls] == ["deepspeed__wideresnet-tiny__g1",
+                                     "slapo-deepspeed__wideresnet-tiny__g1"]
+    assert (result["close"], result["trailing"], result["measured"]) == (0, 1, 1)
+    [entry] = result["comparisons"].values()
+    assert (entry["verdict"], round(entry["margin"], 3)) == ("FAIL", round(58 / 42, 3))
+    assert entry["verdict_again"] == "INCONCLUSIVE"
+    [point] = [p for p in gaps.target_points(far_behind, [], result["comparisons"])
+               if p["model"] == "wideresnet-tiny"]
+    assert point["verdict"] == "INCONCLUSIVE"  # not reproduced back to back: not behind
+    assert point["back_to_back"].startswith("not reproduced back to back")
 
 
 def test_a_close_comparison_past_the_limit_keeps_its_verdict_and_says_it_was_not_rerun(
         monkeypatch, tmp_path):
     monkeypatch.setattr(recheck, "run_again", fake_runs(
-        {"deepspeed": 40, "slapo-deepspeed": 47, "eager": 90, "slapo-kernel": 91}, []))
-    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, most=2)
-    verdict, note = claims.after_recheck("FAIL", E2E[1], E2E[0], result["comparisons"])
-    assert verdict == "FAIL"
-    assert note == ("; close (margin 1.13) but not measured back to back: only the 2 closest "
-                    "of 3 are measured (--max)")
+        {"megatron": 80, "slapo-megatron": 70, "eager": 90, "slapo-kernel": 91}, []))
+    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, most=0)
+    verdict, note = claims.after_recheck("PASS", E2E[3], E2E[2], result["comparisons"])
+    assert verdict == "PASS"
+    assert note == ("; close (margin 1.02) but not measured back to back: only the 0 closest "
+                    "of 1 are measured (--max)")
     md = claims.to_markdown(claims.check_all(*frames(), None, recheck=result))
     assert "1 more close one(s), past the limit, were not and are marked so" in md
 
