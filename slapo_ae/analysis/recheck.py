@@ -155,7 +155,8 @@ def main(argv=None) -> int:
     parser.add_argument("--below", type=float, default=DRIFT,
                         help="measure again the decided comparisons with a smaller margin")
     parser.add_argument("--max", type=int, default=MAX_RECHECKS, dest="most",
-                        help="at most this many comparisons, the closest first")
+                        help="at most this many comparisons where Slapo is not behind, "
+                             "the closest first")
     parser.add_argument("--harness", default=DEFAULT_HARNESS, help="the harness CLI")
     args = parser.parse_args(argv)
     result = recheck(read_table(args.e2e), read_table(args.ablation), Path(args.runs),
