@@ -39,6 +39,9 @@ def main() -> None:
     parser.add_argument("--no-comm", action="store_true",
                         help="replace the collectives by no-ops after set-up: each rank's "
                              "compute alone (the loss is then meaningless)")
+    parser.add_argument("--time-comm", action="store_true",
+                        help="time each collective call (an async one until its wait "
+                             "returns) and print, per phase, each call's op, size and median")
     args = parser.parse_args()
 
     deferred_compile.install()  # as in the harness's ranks
@@ -62,15 +65,19 @@ def main() -> None:
     if not hasattr(system, "forward_loss"):
         raise SystemExit(f"{args.mode}: not a torch-native trainer (no forward_loss)")
     calls = _skip_collectives() if args.no_comm else None
+    comm = _time_collectives() if args.time_comm else None
     fields = model_fields(spec)
     phases = {"forward": [], "backward": [], "optimizer": [], "step": []}
     for step in range(args.steps):
         batch = step_batch(spec, fields, system, step)
+        _phase[:] = ["forward", step]
         t0 = time.perf_counter()
         loss = system.forward_loss(batch)
         t1 = time.perf_counter()
+        _phase[0] = "backward"
         loss.backward()
         t2 = time.perf_counter()
+        _phase[0] = "optimizer"
         system.optimizer.step()
         system.optimizer.zero_grad(set_to_none=True)
         t3 = time.perf_counter()
@@ -82,7 +89,88 @@ def main() -> None:
         flush=True)
     if calls is not None:
         print(f"rank {rank}: collectives skipped a step: {calls[0] / args.steps:.0f}", flush=True)
+    if comm is not None:
+        print(_comm_table(comm, rank, args.warmup), flush=True)
     dist.destroy_process_group()
+
+
+_phase = ["set-up", -1]  # the phase and step the collectives run in
+
+
+def _time_collectives() -> list[tuple]:
+    """Wrap torch.distributed's collectives to record (phase, step, op, numel, start, end) per
+    call, on the host's monotonic clock (``perf_counter``: one clock for all local ranks); an
+    async call ends when its ``wait`` returns."""
+    records: list[tuple] = []
+
+    def timed(name, fn):
+        def collective(tensor, *args, async_op=False, **kwargs):
+            where = tuple(_phase)
+            start = time.perf_counter()
+            work = fn(tensor, *args, async_op=async_op, **kwargs)
+            numel = tensor.numel() if isinstance(tensor, torch.Tensor) else sum(
+                t.numel() for t in tensor)
+            if not async_op:
+                records.append((*where, name, numel, start, time.perf_counter()))
+                return work
+            return _TimedWork(work, lambda: records.append(
+                (*where, name + " (async)", numel, start, time.perf_counter())))
+        return collective
+
+    for name in ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor"):
+        setattr(dist, name, timed(name, getattr(dist, name)))
+    return records
+
+
+class _TimedWork:
+    """An async collective's handle that records its time when ``wait`` returns."""
+
+    def __init__(self, work, record):
+        self._work, self._record = work, record
+
+    def wait(self, *args, **kwargs):
+        done = self._work.wait(*args, **kwargs)
+        self._record()
+        return done
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _comm_table(records: list[tuple], rank: int, warmup: int) -> str:
+    """Per phase, each collective in call order: op, elements and medians over the steps of
+    this rank's time in it, split for a blocking call into the wait for the last rank to
+    arrive and the rest (the transfer); gathered from all ranks."""
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, records)  # c10d's own all_gather: not timed
+    calls: dict[tuple, list[list[tuple]]] = {}  # (phase, call, op, numel) -> per step, per rank
+    for per_rank in everyone:
+        order: dict[tuple, int] = {}
+        for phase, step, name, numel, start, end in per_rank:
+            if step < warmup:
+                continue
+            index = order[step, phase] = order.get((step, phase), -1) + 1
+            steps = calls.setdefault((phase, index, name, numel), {})
+            steps.setdefault(step, []).append((start, end))
+    lines = [f"rank {rank}: collectives (phase, call, op, elements; median ms of time in the "
+             "call, of which waiting for the last rank to arrive)"]
+    totals: dict[str, list[float]] = {}
+    for (phase, index, name, numel), steps in sorted(calls.items()):
+        mine = [spans[rank] for spans in steps.values() if len(spans) > rank]
+        waits = [max(s for s, _ in spans) - spans[rank][0] for spans in steps.values()
+                 if len(spans) > rank]
+        time_in = 1000 * statistics.median(end - start for start, end in mine)
+        wait = 1000 * statistics.median(waits)
+        total = totals.setdefault(phase, [0.0, 0.0])
+        total[0] += time_in
+        line = f"  {phase:9} {index:2} {name:28} {numel:8} {time_in:6.2f}"
+        if "async" not in name:
+            total[1] += wait
+            line += f"  wait {wait:6.2f}"
+        lines.append(line)
+    lines.append("  sums: " + ", ".join(f"{p} {t:.1f} ms (waiting {w:.1f})"
+                                        for p, (t, w) in totals.items()))
+    return "\n".join(lines)
 
 
 class _Done:

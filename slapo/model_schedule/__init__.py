@@ -28,9 +28,11 @@ Options (each family honours all of them):
                    attention core is replaced, the others use transformers' attention
                    interface), dropout whose mask is drawn the way that is fast on the device
                    (``slapo.op.Dropout``: uniform draws on CPU, ``F.dropout`` on CUDA), fused
-                   bias+GeLU where the model has one (BERT and RoBERTa intermediate, GPT-Neo
-                   MLP: found in the traced block and fused, compiled with
-                   ``slapo.op.kernel_compiler()``: Inductor on CUDA, uncompiled on CPU;
+                   bias+GeLU where the model has one (BERT and RoBERTa intermediate: found in
+                   the traced block and fused, compiled with ``slapo.op.kernel_compiler()``:
+                   Inductor on CUDA, uncompiled on CPU; GPT-Neo MLP: its written-out tanh GeLU
+                   found and replaced by ``slapo.op.bias_gelu``, one GeLU op that is faster
+                   than the uncompiled formula on CPU;
                    GPT-2 ``mlp.c_fc``, a Conv1D: ``slapo.op.Conv1DGeLU``); OPT, T5 and LLaMA
                    have no GeLU after a biased linear, WideResNet nothing to replace. (GPT-2
                    with tensor_parallel computes its attention through SDPA in any case, see

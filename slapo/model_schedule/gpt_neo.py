@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ..op import kernel_compiler, use_device_dropout, use_sdpa, vocab_parallel_loss
+from ..op import bias_gelu, use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
 from .common import sdpa_gpt_neo
 
@@ -16,6 +16,12 @@ def bias_gelu_tanh(x, bias):  # transformers' NewGELUActivation after the bias a
     y = x + bias
     inner = math.sqrt(2.0 / math.pi) * (y + 0.044715 * torch.pow(y, 3.0))
     return 0.5 * y * (1.0 + torch.tanh(inner))
+
+
+def gelu_kernel(x, bias):
+    # One aten GeLU (compiled on CUDA). On CPU the formula's seven ops, fused uncompiled, cost
+    # 3.4 ms forward and backward at 8x128x256 against 2.2 ms for this: the kernel wins there.
+    return bias_gelu(x, bias, approximate="tanh")
 
 
 def schedule(sch, opts) -> None:
@@ -28,7 +34,7 @@ def schedule(sch, opts) -> None:
             mlp = layer["mlp"]
             mlp.trace(flatten=True)
             mlp["c_fc"].decompose()
-            mlp.fuse(mlp.find(bias_gelu_tanh)[0], compiler=kernel_compiler(), name="bias_gelu")
+            mlp.replace(gelu_kernel, subgraph=mlp.find(bias_gelu_tanh)[0], name="bias_gelu")
     if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
             attn = layer["attn.attention"]
