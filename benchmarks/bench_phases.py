@@ -14,7 +14,9 @@ operator a little, which no operator table singles out). Run the systems one aft
 other, alternating, and compare ratios. ``--no-comm`` turns the collectives into no-ops after
 set-up: each rank's compute alone, to tell a gap in computation from one in communication (on
 t5-tiny at 2 ranks the steps took 210 to 250 ms with the collectives, 110 to 190 without,
-2026-12-02).
+2026-12-02). ``--time-comm`` times each collective on every rank and splits a blocking one
+into the wait for the last rank to arrive and the rest (docs/workflow.md: gpt-neo-tiny at 2
+ranks, 2026-12-03).
 """
 from __future__ import annotations
 
@@ -40,8 +42,9 @@ def main() -> None:
                         help="replace the collectives by no-ops after set-up: each rank's "
                              "compute alone (the loss is then meaningless)")
     parser.add_argument("--time-comm", action="store_true",
-                        help="time each collective call (an async one until its wait "
-                             "returns) and print, per phase, each call's op, size and median")
+                        help="time each collective on every rank (an async one until its "
+                             "wait returns) and print, per phase and call, its op, size, "
+                             "median time and, for a blocking one, the wait for the last rank")
     args = parser.parse_args()
 
     deferred_compile.install()  # as in the harness's ranks
@@ -143,7 +146,7 @@ def _comm_table(records: list[tuple], rank: int, warmup: int) -> str:
     arrive and the rest (the transfer); gathered from all ranks."""
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, records)  # c10d's own all_gather: not timed
-    calls: dict[tuple, list[list[tuple]]] = {}  # (phase, call, op, numel) -> per step, per rank
+    calls: dict[tuple, dict[int, list[tuple]]] = {}  # (phase, call, op, numel) -> step -> spans
     for per_rank in everyone:
         order: dict[tuple, int] = {}
         for phase, step, name, numel, start, end in per_rank:

@@ -44,7 +44,8 @@ The scheduled model is called exactly like the plain one and returns its loss th
 Each family's ``schedule`` calls the primitives itself, in the order of the paper's listings:
 kernels first (``slapo.op``'s attention and dropout; bias+GeLU through the static-graph path:
 ``trace`` the FFN, ``decompose`` its first linear, ``find`` the bias add and GeLU, ``fuse``
-them), then tensor parallelism (``shard``, ``sync``, ``fork_rng``), then ``checkpoint``.
+them, or for GPT-Neo ``replace`` them by one GeLU op), then tensor parallelism (``shard``,
+``sync``, ``fork_rng``), then ``checkpoint``.
 
 Lines of schedule code (Table 4): the artifact counts a family module's function bodies and
 those of every project helper it calls (``checkpoint_layers`` here, ``common.py``), by the
