@@ -146,22 +146,23 @@ def _comm_table(records: list[tuple], rank: int, warmup: int) -> str:
     arrive and the rest (the transfer); gathered from all ranks."""
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, records)  # c10d's own all_gather: not timed
-    calls: dict[tuple, dict[int, list[tuple]]] = {}  # (phase, call, op, numel) -> step -> spans
-    for per_rank in everyone:
+    # (phase, call, op, numel) -> step -> rank -> (start, end)
+    calls: dict[tuple, dict[int, dict[int, tuple]]] = {}
+    for who, per_rank in enumerate(everyone):
         order: dict[tuple, int] = {}
         for phase, step, name, numel, start, end in per_rank:
             if step < warmup:
                 continue
             index = order[step, phase] = order.get((step, phase), -1) + 1
             steps = calls.setdefault((phase, index, name, numel), {})
-            steps.setdefault(step, []).append((start, end))
+            steps.setdefault(step, {})[who] = (start, end)
     lines = [f"rank {rank}: collectives (phase, call, op, elements; median ms of time in the "
              "call, of which waiting for the last rank to arrive)"]
     totals: dict[str, list[float]] = {}
     for (phase, index, name, numel), steps in sorted(calls.items()):
-        mine = [spans[rank] for spans in steps.values() if len(spans) > rank]
-        waits = [max(s for s, _ in spans) - spans[rank][0] for spans in steps.values()
-                 if len(spans) > rank]
+        mine = [spans[rank] for spans in steps.values() if rank in spans]
+        waits = [max(s for s, _ in spans.values()) - spans[rank][0]
+                 for spans in steps.values() if rank in spans]
         time_in = 1000 * statistics.median(end - start for start, end in mine)
         wait = 1000 * statistics.median(waits)
         total = totals.setdefault(phase, [0.0, 0.0])
