@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--dec-seq-len", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=0,
+                        help="the global batch (default 4 x ranks, as in the cpu profile)")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--no-comm", action="store_true",
@@ -57,8 +59,9 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    global_batch = args.batch_size or 4 * world
     case = Case(mode=args.mode, model=args.model, gpus=world, seq_len=args.seq_len,
-                dec_seq_len=args.dec_seq_len, batch_size=4 * world, batch_expr=f"{4 * world}",
+                dec_seq_len=args.dec_seq_len, batch_size=global_batch, batch_expr=f"{global_batch}",
                 ckpt=None if args.mode == "megatron" else 0.0, steps=args.steps,
                 warmup=args.warmup)
     spec = RunSpec(case=case, out="/dev/null")

@@ -13,8 +13,10 @@ measured again back to back (``--recheck``, :mod:`slapo_ae.analysis.recheck`), i
 decided only if that pair agrees. For every point
 behind (at most ``--max-profiles``, the largest gaps first) both cases run again for a few
 steps under torch.profiler (``slapo-bench run --profile``), and rank 0's per-step self CPU
-time is compared: in all, in collectives (and their waits), and per operator, the operators
-whose time differs most first. The profiles' tables and traces stay under ``--profiles``.
+time is compared: in all, in collectives (and their waits), per operator, the operators
+whose time differs most first, and in matrix products: their work (GFLOP, from their shapes)
+and rate, which tell more matmul work from the same work done slower. The profiles' tables
+and traces stay under ``--profiles``.
 
     python -m slapo_ae.analysis.gaps --e2e results/e2e.csv --ablation results/ablation.csv \\
         --out results/gaps.json --profiles results/profiles [--harness CMD]
@@ -48,6 +50,7 @@ NOT_REPRODUCED = "within the noise between runs"  # decided, but not so back to 
 PROFILE_STEPS, PROFILE_WARMUP = 10, 3
 MAX_PROFILES = 6
 TOP_DIFFERENCES = 6
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
 def _ok(row) -> bool:
@@ -111,6 +114,18 @@ def per_step(ops: dict) -> dict[str, float]:
     return {name: op["self_cpu_us"] / 1e3 / steps for name, op in ops["ops"].items()}
 
 
+def matmul_work(ops: dict) -> tuple[float, float] | None:
+    """(GFLOP, self CPU ms) per profiled step of the matrix products; None for a profile
+    without FLOPs. (torch.profiler also counts element-wise FLOPs, and a convolution's at its
+    outer op, whose self time is not the kernel's: neither is a rate to compare.)"""
+    counted = [op for name, op in ops["ops"].items() if name in MATMUL_OPS and op.get("flops")]
+    if not counted:
+        return None
+    steps = max(ops["steps"], 1)
+    return (sum(op["flops"] for op in counted) / 1e9 / steps,
+            sum(op["self_cpu_us"] for op in counted) / 1e3 / steps)
+
+
 def explain(base_ops: dict, slapo_ops: dict, batches: tuple[int, int] = (1, 1)) -> dict:
     """Where the time per step goes, baseline against Slapo (rank 0, self CPU ms);
     ``batches``: the two cases' global batches, which differ where an ablation step adds
@@ -128,7 +143,16 @@ def explain(base_ops: dict, slapo_ops: dict, batches: tuple[int, int] = (1, 1)) 
         "collective_ms_per_step": [collective(a), collective(b)],
         "largest_differences": [{"op": name, "baseline_ms": x, "slapo_ms": y}
                                 for name, x, y in diffs[:TOP_DIFFERENCES]],
+        **_matmul_fields(base_ops, slapo_ops),
     }
+
+
+def _matmul_fields(base_ops: dict, slapo_ops: dict) -> dict:
+    work = [matmul_work(base_ops), matmul_work(slapo_ops)]
+    if None in work:
+        return {}
+    return {"matmul_gflop_per_step": [w[0] for w in work],
+            "matmul_ms_per_step": [w[1] for w in work]}
 
 
 def cause_text(profile: dict) -> str:
@@ -144,11 +168,17 @@ def cause_text(profile: dict) -> str:
     batches = profile["batches"]
     per_sample = (f" ({sa:.1f} -> {sb:.1f} ms a sample, batches {batches[0]} and {batches[1]})"
                   if batches[0] != batches[1] else "")
+    matmul = ""
+    if "matmul_gflop_per_step" in profile:
+        (fa, fb), (ma, mb) = profile["matmul_gflop_per_step"], profile["matmul_ms_per_step"]
+        rate = lambda f, ms: f"{1e3 * f / ms:.1f}" if ms else "-"  # noqa: E731
+        matmul = (f"; matrix products {fa:.2f} -> {fb:.2f} GFLOP in {ma:.1f} -> {mb:.1f} ms "
+                  f"({rate(fa, ma)} -> {rate(fb, mb)} GFLOP/s)")
     verdict = ("gap not reproduced when profiled: Slapo took the shorter time a sample, so the "
                "profile does not show a cause; " if sb <= sa else "")
     return (f"{verdict}profiled step (rank 0): {wa:.1f} -> {wb:.1f} ms wall{per_sample}, "
-            f"collectives {ca:.1f} -> {cb:.1f} ms; largest differences (ms/step, baseline -> "
-            f"Slapo): {ops}")
+            f"collectives {ca:.1f} -> {cb:.1f} ms{matmul}; largest differences (ms/step, "
+            f"baseline -> Slapo): {ops}")
 
 
 def find_gaps(e2e_rows, ablation_rows, profiles: Path | None, device: str = "cpu",

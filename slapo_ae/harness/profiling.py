@@ -1,7 +1,8 @@
 """``slapo-bench run --profile DIR``: torch.profiler over the timed steps of every rank.
 
 Each rank writes ``DIR/rank<R>.txt`` (its operators by self time, CPU and, on CUDA, device),
-``DIR/rank<R>.ops.json`` (every operator's calls and self time, and the steps profiled: what
+``DIR/rank<R>.ops.json`` (every operator's calls, self time and, for matrix products,
+floating-point operations from their shapes; and the steps profiled: what
 :mod:`slapo_ae.analysis.gaps` compares) and ``DIR/rank<R>.trace.json`` (a Chrome trace, for
 ``chrome://tracing`` or Perfetto), and returns a short summary that goes into the record
 (``metrics.extra.profile``): the profiled wall time, the self time of collectives and of the
@@ -41,7 +42,8 @@ class StepProfiler:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self.prof = profile(activities=activities)
+        # FLOPs need the ops' shapes: they tell more matmul work from slower matmuls
+        self.prof = profile(activities=activities, with_flops=True)
         self.prof.__enter__()
         self.began = time.perf_counter()
 
@@ -62,7 +64,8 @@ class StepProfiler:
         (out / f"rank{self.rank}.txt").write_text(averages.table(sort_by=sort,
                                                                   row_limit=TABLE_ROWS))
         self.prof.export_chrome_trace(str(out / f"rank{self.rank}.trace.json"))
-        ops = {e.key: {"calls": e.count, "self_cpu_us": e.self_cpu_time_total}
+        ops = {e.key: {"calls": e.count, "self_cpu_us": e.self_cpu_time_total,
+                       **({"flops": e.flops} if e.flops else {})}
                for e in averages}
         (out / f"rank{self.rank}.ops.json").write_text(json.dumps(
             {"steps": self.steps, "wall_us": wall_us, "ops": ops}, indent=1))

@@ -18,6 +18,7 @@ def test_each_rank_writes_its_operator_table_and_the_record_summarises_it(tmp_pa
         ops = json.loads((prof / f"rank{rank}.ops.json").read_text())
         assert ops["steps"] == 3  # the timed steps only
         assert ops["ops"]["aten::mm"]["calls"] > 0
+        assert ops["ops"]["aten::mm"]["flops"] > 0  # from the shapes (gaps' matmul rate)
         assert any("allreduce" in name for name in ops["ops"])  # tensor parallelism talks
         assert "aten::mm" in (prof / f"rank{rank}.txt").read_text()
         assert (prof / f"rank{rank}.trace.json").stat().st_size > 0

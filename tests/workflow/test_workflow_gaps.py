@@ -80,6 +80,24 @@ def test_steps_of_different_batches_are_compared_per_sample():
     assert slower.startswith("profiled step (rank 0): 147.5 -> 320.0 ms wall (18.4 -> 20.0")
 
 
+def test_matrix_products_tell_more_work_from_slower_work():
+    # the same work in twice the time: the rate halves (FLOPs per step from the profiler)
+    base = ops(4, 100, **{"aten::mm": 40, "aten::addmm": 10, "aten::add": 5})
+    ours = ops(4, 150, **{"aten::mm": 80, "aten::addmm": 20, "aten::add": 5})
+    for table in (base, ours):
+        table["ops"]["aten::mm"]["flops"] = 4 * 1.5e9
+        table["ops"]["aten::addmm"]["flops"] = 4 * 0.5e9
+        table["ops"]["aten::add"]["flops"] = 4 * 0.1e9  # element-wise: not a matrix product
+    profile = gaps.explain(base, ours)
+    assert profile["matmul_gflop_per_step"] == pytest.approx([2.0, 2.0])
+    assert profile["matmul_ms_per_step"] == pytest.approx([50, 100])  # aten::add not counted
+    assert ("matrix products 2.00 -> 2.00 GFLOP in 50.0 -> 100.0 ms (40.0 -> 20.0 GFLOP/s)"
+            in gaps.cause_text(profile))
+    # profiles written before FLOPs were recorded: no matmul figures, and no error
+    plain = gaps.explain(ops(4, 100, **{"aten::mm": 40}), ours)
+    assert "matmul_gflop_per_step" not in plain and "matrix products" not in gaps.cause_text(plain)
+
+
 def test_find_gaps_profiles_only_the_points_behind(monkeypatch, tmp_path):
     calls = []
 
