@@ -172,8 +172,11 @@ def cause_text(profile: dict) -> str:
     if "matmul_gflop_per_step" in profile:
         (fa, fb), (ma, mb) = profile["matmul_gflop_per_step"], profile["matmul_ms_per_step"]
         rate = lambda f, ms: f"{1e3 * f / ms:.1f}" if ms else "-"  # noqa: E731
-        matmul = (f"; matrix products {fa:.2f} -> {fb:.2f} GFLOP in {ma:.1f} -> {mb:.1f} ms "
-                  f"({rate(fa, ma)} -> {rate(fb, mb)} GFLOP/s)")
+        # a step that adds ranks should shrink each rank's work a sample; replicated work does not
+        work_a_sample = (f", {1e3 * fa / batches[0]:.0f} -> {1e3 * fb / batches[1]:.0f} "
+                         f"MFLOP a sample" if batches[0] != batches[1] else "")
+        matmul = (f"; matrix products {fa:.2f} -> {fb:.2f} GFLOP{work_a_sample} in {ma:.1f} -> "
+                  f"{mb:.1f} ms ({rate(fa, ma)} -> {rate(fb, mb)} GFLOP/s)")
     verdict = ("gap not reproduced when profiled: Slapo took the shorter time a sample, so the "
                "profile does not show a cause; " if sb <= sa else "")
     return (f"{verdict}profiled step (rank 0): {wa:.1f} -> {wb:.1f} ms wall{per_sample}, "

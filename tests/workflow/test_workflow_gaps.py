@@ -93,6 +93,10 @@ def test_matrix_products_tell_more_work_from_slower_work():
     assert profile["matmul_ms_per_step"] == pytest.approx([50, 100])  # aten::add not counted
     assert ("matrix products 2.00 -> 2.00 GFLOP in 50.0 -> 100.0 ms (40.0 -> 20.0 GFLOP/s)"
             in gaps.cause_text(profile))
+    # a step that adds ranks and doubles the batch: the work a sample, per rank, halves
+    doubled = gaps.cause_text(gaps.explain(base, ours, (8, 16)))
+    assert "2.00 -> 2.00 GFLOP, 250 -> 125 MFLOP a sample in" in doubled
+    assert "100.0 -> 150.0 ms wall (12.5 -> 9.4 ms a sample, batches 8 and 16)" in doubled
     # profiles written before FLOPs were recorded: no matmul figures, and no error
     plain = gaps.explain(ops(4, 100, **{"aten::mm": 40}), ours)
     assert "matmul_gflop_per_step" not in plain and "matrix products" not in gaps.cause_text(plain)
