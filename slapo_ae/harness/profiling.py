@@ -1,8 +1,9 @@
 """``slapo-bench run --profile DIR``: torch.profiler over the timed steps of every rank.
 
 Each rank writes ``DIR/rank<R>.txt`` (its operators by self time, CPU and, on CUDA, device),
-``DIR/rank<R>.ops.json`` (every operator's calls, self time and, for matrix products,
-floating-point operations from their shapes; and the steps profiled: what
+``DIR/rank<R>.ops.json`` (every operator's calls, self time and, where torch.profiler counts
+them (matrix products, element-wise ops), floating-point operations from the shapes; and the
+steps profiled: what
 :mod:`slapo_ae.analysis.gaps` compares) and ``DIR/rank<R>.trace.json`` (a Chrome trace, for
 ``chrome://tracing`` or Perfetto), and returns a short summary that goes into the record
 (``metrics.extra.profile``): the profiled wall time, the self time of collectives and of the
