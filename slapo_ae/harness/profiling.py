@@ -4,11 +4,11 @@ Each rank writes ``DIR/rank<R>.txt`` (its operators by self time, CPU and, on CU
 ``DIR/rank<R>.ops.json`` (every operator's calls, self time and, where torch.profiler counts
 them (matrix products, element-wise ops), floating-point operations from the shapes; and the
 steps profiled: what :mod:`slapo_ae.analysis.gaps` compares) and ``DIR/rank<R>.trace.json``
-(a Chrome trace, for ``chrome://tracing`` or Perfetto), and returns a short summary that goes into the record
-(``metrics.extra.profile``): the profiled wall time, the self time of collectives and of the
-top operators. Warm-up steps are not profiled. Profiling slows the steps it watches, so a
-profiled record's throughput is not comparable with an unprofiled one; the record's notes say
-so.
+(a Chrome trace, for ``chrome://tracing`` or Perfetto), and returns a short summary that goes
+into the record (``metrics.extra.profile``): the profiled wall time, the self time of
+collectives and of the top operators. Warm-up steps are not profiled. Profiling slows the
+steps it watches, so a profiled record's throughput is not comparable with an unprofiled one;
+the record's notes say so.
 """
 from __future__ import annotations
 
