@@ -11,8 +11,13 @@ and ``deepspeed`` vs ``slapo-deepspeed``, per model of ``--models`` and rank cou
 ablation step vs the one before. Each round runs both sides of every pair back to back,
 alternating which goes first, so that whatever else loads the machine loads both alike.
 Printed per pair: the median over the rounds of each run's median samples/s, the range of those
-medians, and the ratio (Slapo / engine, later step / earlier) with its range over the rounds;
-and the load. Steps and warm-up default to the cpu profile's.
+medians, the ratio (Slapo / engine, later step / earlier) with its range over the rounds and the
+rounds in which it was at least 1; and the load. Steps and warm-up default to the cpu profile's.
+
+``--control`` also runs each pair's first case a second time every round (an A/A pair: the same
+case against itself) and prints that ratio beside the pair's: what this machine's noise alone
+does to a ratio in the same session, the band a pair's ratio must leave to show a difference
+(docs/workflow.md: on gpt-neo-tiny at 2 ranks, 2026-12-03).
 """
 from __future__ import annotations
 
@@ -60,38 +65,50 @@ def main(argv=None) -> int:
                         help="cores per case (default: the harness's, one per rank)")
     parser.add_argument("--pairs", default="megatron,deepspeed,ablation")
     parser.add_argument("--models", default="bert-tiny")
+    parser.add_argument("--control", action="store_true",
+                        help="also run each pair's first case against itself (A/A)")
     parser.add_argument("--json", help="also write the numbers here")
     args = parser.parse_args(argv)
     todo = pairs(args.pairs.split(","), args.models.split(","))
-    rates = {i: ([], []) for i in range(len(todo))}
+    sides = (0, 1, 2) if args.control else (0, 1)  # 2: the first case again
+    rates = {i: ([], [], []) for i in range(len(todo))}
     print(f"{len(todo)} pairs x {args.rounds} rounds, {args.steps} steps ({args.warmup} warm-up); "
           f"{load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_pairs_") as tmp:
         for r in range(args.rounds):
             for i, pair in enumerate(todo):
-                order = (0, 1) if (r + i) % 2 == 0 else (1, 0)
+                order = sides if (r + i) % 2 == 0 else sides[::-1]
                 for side in order:
-                    record = run_by_hand(pair[side], Path(tmp) / f"{i}-{side}.json", args.steps,
+                    case = pair[0 if side == 2 else side]  # the control: the first case again
+                    record = run_by_hand(case, Path(tmp) / f"{i}-{side}.json", args.steps,
                                          args.warmup, args.cores)
                     value = rate(record)
                     if value is None:
-                        raise SystemExit(f"{case_label(pair[side])}: {record['status']}: "
+                        raise SystemExit(f"{case_label(case)}: {record['status']}: "
                                          f"{record['reason'][:500]}")
                     rates[i][side].append(value)
             print(f"round {r + 1}/{args.rounds} done; {load()}", flush=True)
     rows = []
     print(f"\n{'engine or earlier step':34s} {'samples/s [range]':>22s}   "
-          f"{'Slapo or later step':34s} {'samples/s [range]':>22s}   ratio [range]")
+          f"{'Slapo or later step':34s} {'samples/s [range]':>22s}   ratio [range] rounds >= 1"
+          + ("   A/A ratio [range]" if args.control else ""))
     for i, (a, b) in enumerate(todo):
-        ra, rb = rates[i]
+        ra, rb, again = rates[i]
         ratios = [y / x for x, y in zip(ra, rb)]
         row = {"a": case_label(a), "b": case_label(b), "a_stats": summary(ra),
                "b_stats": summary(rb), "ratio": statistics.median(ratios),
-               "ratio_min": min(ratios), "ratio_max": max(ratios)}
+               "ratio_min": min(ratios), "ratio_max": max(ratios), "ratios": ratios,
+               "rounds_at_least_1": sum(r >= 1 for r in ratios)}
+        line = (f"{row['a']:34s} {fmt(row['a_stats']):>22s}   {row['b']:34s} "
+                f"{fmt(row['b_stats']):>22s}   {row['ratio']:.2f} "
+                f"[{row['ratio_min']:.2f}-{row['ratio_max']:.2f}] "
+                f"{row['rounds_at_least_1']}/{len(ratios)}")
+        if again:
+            controls = [y / x for x, y in zip(ra, again)]
+            row.update(control_ratio=statistics.median(controls), control_ratios=controls)
+            line += f"   {row['control_ratio']:.2f} [{min(controls):.2f}-{max(controls):.2f}]"
         rows.append(row)
-        print(f"{row['a']:34s} {fmt(row['a_stats']):>22s}   {row['b']:34s} "
-              f"{fmt(row['b_stats']):>22s}   {row['ratio']:.2f} "
-              f"[{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]")
+        print(line)
     print(f"\nafter: {load()}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "rounds": args.rounds,
