@@ -3,6 +3,7 @@ before, on CPU ranks, interleaved (printed).
 
     python benchmarks/bench_pairs.py [--rounds 3] [--steps S] [--warmup W] [--cores N]
                                      [--pairs megatron,deepspeed,ablation] [--models bert-tiny]
+                                     [--control]
                                      [--json out.json]
 
 Pairs, from the cpu profile's cfg files (configs/e2e/cpu_tiny.cfg,
