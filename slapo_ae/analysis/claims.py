@@ -26,8 +26,9 @@ the noise of the steps measured. Records without a spread count as a point (q1 =
 
 **Back to back** (:mod:`slapo_ae.analysis.recheck`): a comparison the noise rule decides by a
 margin smaller than the machine's drift between runs was measured again, both cases one after
-the other; its verdict stands only if that pair gives the same verdict, else it is
-INCONCLUSIVE ("not reproduced back to back").
+the other; its verdict stands only if that pair gives the same verdict and then also against a
+repeat of the pair's first case, run after the second, else it is INCONCLUSIVE ("not
+reproduced back to back").
 
 A claim's verdict is FAIL if any point fails, else INCONCLUSIVE if any point is, else PASS if
 any point passes, else NOT-RUN (C2: PASS if any point passes, since it claims "up to").
@@ -64,9 +65,10 @@ NOISE_RULE = ("A throughput comparison is decided only when the interquartile ra
 BACK_TO_BACK_RULE = ("A decided comparison whose margin (q1 of the faster over q3 of the "
                      "slower) is below the machine's drift between runs ({below}x) was run "
                      "again, both cases back to back; it stays decided only if that pair gives "
-                     "the same verdict by the same rule, else it is INCONCLUSIVE (not "
-                     "reproduced back to back). A point where Slapo is behind its own engine "
-                     "was run again so whatever its margin")
+                     "the same verdict by the same rule and, when it does, the case run first "
+                     "is run once more and the verdict holds against that run too, else it is "
+                     "INCONCLUSIVE (not reproduced back to back). A point where Slapo is "
+                     "behind its own engine was run again so whatever its margin")
 PAPER_C2 = {"single_node": 2.92, "multi_node": 1.41}
 DEFAULTS = {"c2_min_speedup": 1.0, "c3_max_ratio": 1.5}
 TITLES = {
@@ -148,7 +150,19 @@ def after_recheck(decided: str, a, b, rechecks: dict | None,
         return INCONCLUSIVE, "measured again back to back, which did not run ok"
     again = compare(again_a, again_b, threshold)
     pair = f"{_range(again_a)} against {_range(again_b)}"
-    if again == decided:
+    if again != decided:
+        return INCONCLUSIVE, f"; not reproduced back to back: {pair}"
+    repeat = entry.get("repeat")  # the first case once more, after the pair
+    if repeat is None:  # not run (an older recheck, or the pair agreed only at this threshold)
+        return decided, f"; confirmed back to back: {pair}"
+    if ok_rate(repeat) is None:
+        return INCONCLUSIVE, f"; {pair} back to back, but the repeat did not run ok"
+    if str(repeat.get("case_id")) == str(a.get("case_id")):
+        third = compare(repeat, again_b, threshold)
+    else:
+        third = compare(again_a, repeat, threshold)
+    pair += f", then {system_label(repeat.get('mode'))} again {_range(repeat)}"
+    if third == decided:
         return decided, f"; confirmed back to back: {pair}"
     return INCONCLUSIVE, f"; not reproduced back to back: {pair}"
 
@@ -467,8 +481,9 @@ def to_markdown(result: dict) -> str:
     again = result.get("recheck")
     if again:
         lines += [f"**Back to back.** {BACK_TO_BACK_RULE.format(below=again['below'])}: "
-                  f"{again['measured']} comparison(s) measured again here, with "
-                  f"{again['steps']} steps ({again['warmup']} warm-up) each"
+                  f"{again['measured']} comparison(s) measured again here "
+                  f"({again.get('repeated', 0)} with a repeat), with {again['steps']} steps "
+                  f"({again['warmup']} warm-up) each"
                   + (f"; {again['close'] - again['measured']} more close one(s), past the "
                      "limit, were not and are marked so" if again.get("close", 0)
                      > again["measured"] else "") + ".", ""]

@@ -66,11 +66,16 @@ def test_recheck_runs_each_close_pair_back_to_back_alternating_the_order(monkeyp
              "megatron": 80, "slapo-megatron": 70}
     monkeypatch.setattr(recheck, "run_again", fake_runs(rates, calls))
     result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, most=1)
-    assert [c[0] for c in calls] == [
+    assert [(c[0], c[3]) for c in calls] == [
         # where Slapo is behind first, past the limit (--max 1) ...
-        "eager__bert-tiny__g1", "slapo-kernel__bert-tiny__g1",  # b first ...
-        "slapo-megatron__bert-tiny__g2", "megatron__bert-tiny__g2",  # ... then a first
-        "deepspeed__bert-tiny__g2", "slapo-deepspeed__bert-tiny__g2"]  # ... then the closest
+        ("eager__bert-tiny__g1", "eager__bert-tiny__g1"),  # b first ...
+        ("slapo-kernel__bert-tiny__g1", "slapo-kernel__bert-tiny__g1"),  # not reproduced
+        ("slapo-megatron__bert-tiny__g2", "slapo-megatron__bert-tiny__g2"),  # ... then a first
+        ("megatron__bert-tiny__g2", "megatron__bert-tiny__g2"),  # the pair agrees:
+        ("slapo-megatron__bert-tiny__g2", "slapo-megatron__bert-tiny__g2.repeat"),  # repeat
+        ("deepspeed__bert-tiny__g2", "deepspeed__bert-tiny__g2"),  # ... then the closest
+        ("slapo-deepspeed__bert-tiny__g2", "slapo-deepspeed__bert-tiny__g2"),
+        ("deepspeed__bert-tiny__g2", "deepspeed__bert-tiny__g2.repeat")]
     assert {c[1:3] for c in calls} == {(24, 4)}
     assert (result["close"], result["trailing"], result["measured"]) == (3, 2, 3)
     assert result["not_measured"] == []
@@ -78,7 +83,37 @@ def test_recheck_runs_each_close_pair_back_to_back_alternating_the_order(monkeyp
     assert again == {"slapo-deepspeed__bert-tiny__g2": "PASS",
                      "slapo-kernel__bert-tiny__g1": "INCONCLUSIVE",  # the gap was the drift
                      "slapo-megatron__bert-tiny__g2": "FAIL"}
+    repeats = {c["a"]: c.get("verdict_repeat") for c in result["comparisons"].values()}
+    assert repeats == {"slapo-deepspeed__bert-tiny__g2": "PASS",
+                       "slapo-kernel__bert-tiny__g1": None,  # no repeat where the pair differs
+                       "slapo-megatron__bert-tiny__g2": "FAIL"}
     json.dumps(result)
+
+
+def test_a_verdict_the_pair_confirms_must_hold_against_the_repeat_too(monkeypatch, tmp_path):
+    e2e = pd.DataFrame(E2E[:2])  # Slapo-TP behind Megatron-LM at 2 ranks
+    calls = []
+    runs = {"megatron": iter([80, 60]), "slapo-megatron": iter([70])}  # the repeat: 60
+    monkeypatch.setattr(recheck, "run_again", lambda fields, out_dir, *a: calls.append(
+        out_dir.name) or Record("ok", {"id": fields["case_id"]}, metrics={
+            "samples_per_s": (r := next(runs[fields["mode"]])), "spread": {"q1": r - 2,
+                                                                           "q3": r + 2}}))
+    result = recheck.recheck(e2e, None, tmp_path, steps=24, warmup=4)
+    assert calls == ["megatron__bert-tiny__g2", "slapo-megatron__bert-tiny__g2",
+                     "megatron__bert-tiny__g2.repeat"]
+    [entry] = result["comparisons"].values()
+    assert (entry["verdict_again"], entry["verdict_repeat"]) == ("FAIL", "PASS")
+    slapo, megatron = E2E[1], E2E[0]
+    verdict, note = claims.after_recheck("FAIL", slapo, megatron, result["comparisons"])
+    assert verdict == "INCONCLUSIVE"
+    assert note == ("; not reproduced back to back: 70 [68-72] against 80 [78-82], then "
+                    "Megatron-LM again 60 [58-62]")
+    entry["repeat"].update(samples_per_s=85, samples_per_s_q1=83, samples_per_s_q3=87)
+    verdict, note = claims.after_recheck("FAIL", slapo, megatron, result["comparisons"])
+    assert verdict == "FAIL" and note.startswith("; confirmed back to back: 70 [68-72]")
+    entry["repeat"].update(status="failed")
+    assert claims.after_recheck("FAIL", slapo, megatron, result["comparisons"])[0] == \
+        "INCONCLUSIVE"
 
 
 def test_a_close_call_where_slapo_is_not_behind_counts_against_the_limit(monkeypatch, tmp_path):
@@ -86,7 +121,7 @@ def test_a_close_call_where_slapo_is_not_behind_counts_against_the_limit(monkeyp
     monkeypatch.setattr(recheck, "run_again", fake_runs(
         {"eager": 90, "slapo-kernel": 91, "megatron": 80, "slapo-megatron": 70}, calls))
     result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, most=0)
-    assert len(calls) == 4 and result["measured"] == 2
+    assert len(calls) == 5 and result["measured"] == 2  # 2 pairs and the agreeing one's repeat
     assert result["not_measured"] == [
         "deepspeed__bert-tiny__g2 vs slapo-deepspeed__bert-tiny__g2"]
     again = {c["a"]: c["verdict_again"] for c in result["comparisons"].values()}
@@ -174,7 +209,8 @@ def test_claims_and_engines_take_the_back_to_back_verdicts_in(monkeypatch, tmp_p
     assert "not reproduced back to back: 91 [89-93] against 90 [88-92]" in kernel["why"]
     text = claims.to_markdown(checked)
     assert "**Back to back.** A decided comparison whose margin" in text
-    assert "3 comparison(s) measured again here, with 24 steps (4 warm-up) each" in text
+    assert ("3 comparison(s) measured again here (2 with a repeat), with 24 steps "
+            "(4 warm-up) each") in text
 
 
 @pytest.mark.parametrize("argv", [[], ["--below", "1.1", "--max", "0"]])
