@@ -68,8 +68,9 @@ def auto_profile(gpus: int) -> str:
 
 def resolve(config: dict, env: dict | None = None) -> dict:
     """The settings of the active profile, completed: ``{"name", "gpus_available", "device",
-    "dtype", "steps", "warmup", "timeout", "max_gpus", "gpus_per_node", "experiments": {exp:
-    [cfg, ...]}}`` (``gpus_per_node`` None: every case on one node).
+    "dtype", "steps", "warmup", "timeout", "max_gpus", "gpus_per_node", "recheck_budget_s",
+    "experiments": {exp: [cfg, ...]}}`` (``gpus_per_node`` None: every case on one node;
+    ``recheck_budget_s`` None: the recheck has no time limit).
 
     ``config["gpus"]``: ``"auto"`` (detect) or a number; ``config["profile"]``: ``"auto"`` or
     a key of ``config["profiles"]``.
@@ -90,6 +91,7 @@ def resolve(config: dict, env: dict | None = None) -> dict:
     settings["gpus_available"] = count
     settings.setdefault("max_gpus", max(count, 1))
     settings.setdefault("gpus_per_node", None)
+    settings.setdefault("recheck_budget_s", None)
     settings["experiments"] = {exp: list(settings.get("experiments", {}).get(exp, []))
                                for exp in EXPERIMENTS}
     return settings

@@ -484,9 +484,9 @@ def to_markdown(result: dict) -> str:
                   f"{again['measured']} comparison(s) measured again here "
                   f"({again.get('repeated', 0)} with a repeat), with {again['steps']} steps "
                   f"({again['warmup']} warm-up) each"
-                  + (f"; {again['close'] - again['measured']} more close one(s), past the "
-                     "limit, were not and are marked so" if again.get("close", 0)
-                     > again["measured"] else "") + ".", ""]
+                  + (f"; {len(again['not_measured'])} more close one(s), past the "
+                     "limit, were not and are marked so" if again.get("not_measured")
+                     else "") + ".", ""]
     lines += ["| claim | verdict | points (PASS / FAIL / INCONCLUSIVE / NOT-RUN) | |",
               "|---|---|---|---|"]
     for c in result["claims"]:

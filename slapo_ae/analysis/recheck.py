@@ -27,6 +27,12 @@ outside ``--max``: it is the finding the targets report and profile, and here on
 minutes apart put Slapo-ZeRO3 at 0.66x of ZeRO-3 by a margin above 1.25 where four pairs back
 to back gave 0.89x to 1.34x (docs/workflow.md). A run has none to a few such points.
 
+``--budget-s`` bounds the time the others take: none is started once that many seconds have
+passed since the recheck began (the trailing points' runs count), and those left are marked as
+past the limit. The number of close calls changes from run to run (7 and 12 in two runs of the
+cpu profile on 2026-12-03, whose rechecks took 169 and 385 s), so a count alone does not keep
+the run's time.
+
     python -m slapo_ae.analysis.recheck --e2e results/e2e.csv --ablation results/ablation.csv \\
         --out results/recheck.json --runs results/recheck --steps 24 --warmup 4
 """
@@ -35,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from slapo_ae.analysis.claims import (
@@ -117,46 +124,63 @@ def measured_row(record) -> dict:
 
 def recheck(e2e, ablation, runs: Path, steps: int, warmup: int, device: str = "cpu",
             dtype: str = "fp32", below: float = DRIFT, most: int = MAX_RECHECKS,
-            harness: str = DEFAULT_HARNESS) -> dict:
+            harness: str = DEFAULT_HARNESS, budget_s: float | None = None,
+            clock=time.monotonic) -> dict:
+    """Measure again the points where Slapo trails, then the closest ``most`` of the other
+    close calls, each of those only while ``budget_s`` seconds (from the start, the trailing
+    points' runs included) are not spent."""
     close = close_calls(comparisons(e2e, ablation), below)
     trailing = trailing_calls(e2e, ablation)
     behind = {pair_key(a, b) for a, b, _, _ in trailing}
     others = [c for c in close if pair_key(c[0], c[1]) not in behind]
-    measured = {}
-    for i, (a, b, decided, m) in enumerate(trailing + others[:most]):
-        order = (b, a) if i % 2 == 0 else (a, b)  # whatever drifts, it favours neither side
-        rerun = {}
-        for row in order:
-            record = run_again(case_fields(row), runs / str(row["case_id"]), steps, warmup,
-                               device, dtype, harness)
-            rerun[str(row["case_id"])] = {**measured_row(record), "case_id": row["case_id"]}
-        again = compare(rerun[str(a["case_id"])], rerun[str(b["case_id"])])
-        entry = {"a": a["case_id"], "b": b["case_id"], "verdict": decided, "margin": m,
-                 "order": [r["case_id"] for r in order], "rerun": rerun, "verdict_again": again}
-        if again == decided:  # the pair agrees: the first case once more, after the second
-            first = order[0]
-            record = run_again(case_fields(first), runs / f"{first['case_id']}.repeat", steps,
-                               warmup, device, dtype, harness)
-            entry["repeat"] = {**measured_row(record), "case_id": first["case_id"],
-                               "mode": first["mode"]}
-            second = rerun[str(order[1]["case_id"])]
-            entry["verdict_repeat"] = (compare(entry["repeat"], second) if first is a
-                                       else compare(second, entry["repeat"]))
-        measured[pair_key(a, b)] = entry
+    started = clock()
+    measured, skipped = {}, []
+    for i, (a, b, decided, m) in enumerate(trailing + others):
+        if i >= len(trailing):  # a close call where Slapo is not behind: within the limits
+            why = None
+            if i - len(trailing) >= most:
+                why = f"only the {most} closest of {len(others)} are measured (--max)"
+            elif budget_s is not None and clock() - started >= budget_s:
+                why = f"the recheck's {budget_s:g} s (--budget-s) were spent"
+            if why:
+                skipped.append(pair_key(a, b))
+                measured[pair_key(a, b)] = {
+                    "a": a["case_id"], "b": b["case_id"], "verdict": decided, "margin": m,
+                    "rerun": None, "verdict_again": None, "skipped": why}
+                continue
+        measured[pair_key(a, b)] = entry = _measure(a, b, decided, m, i, runs, steps, warmup,
+                                                    device, dtype, harness)
         print(f"{a['case_id']} vs {b['case_id']}: {decided} (margin {m:.3f}) -> back to back "
-              f"{again}" + (f", against the repeat {entry['verdict_repeat']}"
-                            if "repeat" in entry else ""), flush=True)
-    done = len(measured)
-    for a, b, decided, m in others[most:]:  # kept, so that the verdicts can say so
-        measured[pair_key(a, b)] = {
-            "a": a["case_id"], "b": b["case_id"], "verdict": decided, "margin": m,
-            "rerun": None, "verdict_again": None,
-            "skipped": f"only the {most} closest of {len(others)} are measured (--max)"}
+              f"{entry['verdict_again']}" + (f", against the repeat {entry['verdict_repeat']}"
+                                             if "repeat" in entry else ""), flush=True)
     return {"below": below, "steps": steps, "warmup": warmup, "device": device,
-            "close": len(close), "trailing": len(trailing), "measured": done,
+            "close": len(close), "trailing": len(trailing),
+            "measured": len(measured) - len(skipped),
             "repeated": sum("repeat" in entry for entry in measured.values()),
-            "not_measured": [pair_key(a, b) for a, b, _, _ in others[most:]],
-            "comparisons": measured}
+            "budget_s": budget_s, "seconds": round(clock() - started, 1),
+            "not_measured": skipped, "comparisons": measured}
+
+
+def _measure(a, b, decided, m, i, runs, steps, warmup, device, dtype, harness) -> dict:
+    """The ``i``-th comparison, ``a`` against ``b``, run back to back (and its repeat)."""
+    order = (b, a) if i % 2 == 0 else (a, b)  # whatever drifts, it favours neither side
+    rerun = {}
+    for row in order:
+        record = run_again(case_fields(row), runs / str(row["case_id"]), steps, warmup,
+                           device, dtype, harness)
+        rerun[str(row["case_id"])] = {**measured_row(record), "case_id": row["case_id"]}
+    again = compare(rerun[str(a["case_id"])], rerun[str(b["case_id"])])
+    entry = {"a": a["case_id"], "b": b["case_id"], "verdict": decided, "margin": m,
+             "order": [r["case_id"] for r in order], "rerun": rerun, "verdict_again": again}
+    if again == decided:  # the pair agrees: the first case once more, after the second
+        first, second = order[0], rerun[str(order[1]["case_id"])]
+        record = run_again(case_fields(first), runs / f"{first['case_id']}.repeat", steps,
+                           warmup, device, dtype, harness)
+        entry["repeat"] = {**measured_row(record), "case_id": first["case_id"],
+                           "mode": first["mode"]}
+        entry["verdict_repeat"] = (compare(entry["repeat"], second) if first is a
+                                   else compare(second, entry["repeat"]))
+    return entry
 
 
 def main(argv=None) -> int:
@@ -174,11 +198,14 @@ def main(argv=None) -> int:
     parser.add_argument("--max", type=int, default=MAX_RECHECKS, dest="most",
                         help="at most this many comparisons where Slapo is not behind, "
                              "the closest first")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no comparison where Slapo is not behind after this many "
+                             "seconds (default: no limit)")
     parser.add_argument("--harness", default=DEFAULT_HARNESS, help="the harness CLI")
     args = parser.parse_args(argv)
     result = recheck(read_table(args.e2e), read_table(args.ablation), Path(args.runs),
                      args.steps, args.warmup, args.device, args.dtype, args.below, args.most,
-                     args.harness)
+                     args.harness, args.budget_s)
     write_text(args.out, json.dumps(result, indent=2, default=str) + "\n")
     return 0
 

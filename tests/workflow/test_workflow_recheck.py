@@ -153,6 +153,30 @@ def test_slapo_behind_its_engine_is_measured_again_whatever_the_margin_and_the_l
     assert point["back_to_back"].startswith("not reproduced back to back")
 
 
+def test_no_close_call_starts_once_the_budget_is_spent_but_a_trailing_point_always_runs(
+        monkeypatch, tmp_path):
+    calls, now = [], [0.0]
+
+    def run_again(fields, out_dir, *args):  # each case run takes 50 s of a fake clock
+        now[0] += 50
+        return fake_runs({"eager": 90, "slapo-kernel": 91, "megatron": 80,
+                          "slapo-megatron": 70, "deepspeed": 40, "slapo-deepspeed": 47},
+                         calls)(fields, out_dir, *args)
+    monkeypatch.setattr(recheck, "run_again", run_again)
+    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, budget_s=60,
+                             clock=lambda: now[0])
+    # both trailing points (2 + 3 runs) though they pass the budget; the close call not
+    assert len(calls) == 5 and (result["measured"], result["seconds"]) == (2, 250)
+    key = "deepspeed__bert-tiny__g2 vs slapo-deepspeed__bert-tiny__g2"
+    assert result["not_measured"] == [key]
+    assert result["comparisons"][key]["skipped"] == "the recheck's 60 s (--budget-s) were spent"
+    verdict, note = claims.after_recheck("PASS", E2E[3], E2E[2], result["comparisons"])
+    assert verdict == "PASS" and note.endswith("the recheck's 60 s (--budget-s) were spent")
+    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, budget_s=1000,
+                             clock=lambda: now[0])
+    assert result["measured"] == 3 and result["not_measured"] == []
+
+
 def test_a_close_comparison_past_the_limit_keeps_its_verdict_and_says_it_was_not_rerun(
         monkeypatch, tmp_path):
     monkeypatch.setattr(recheck, "run_again", fake_runs(

@@ -18,6 +18,8 @@ rule recheck:
         warmup=PROFILE["warmup"],
         below=config["claims"]["recheck_below"],
         most=config["claims"]["max_rechecks"],
+        budget=(f"--budget-s {PROFILE['recheck_budget_s']}"
+                if PROFILE["recheck_budget_s"] else ""),
         harness=config["harness"],
     # it reruns cases: it holds the machine as a case does
     threads: all_cores
@@ -31,7 +33,7 @@ rule recheck:
         "python -m slapo_ae.analysis.recheck --e2e {input.e2e} "
         "--ablation {input.ablation} --out {output} --runs results/recheck "
         "--steps {params.steps} --warmup {params.warmup} --below {params.below} "
-        "--max {params.most} --device {params.device} --dtype {params.dtype} "
+        "--max {params.most} {params.budget} --device {params.device} --dtype {params.dtype} "
         "--harness {params.harness:q} > {log} 2>&1"
 
 
