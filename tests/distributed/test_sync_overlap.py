@@ -7,6 +7,7 @@ bookkeeping is freed with its graph."""
 
 import copy
 import gc
+import time
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from slapo.sharding.overlap import MarkedInput, PendingWeightGrads
 from slapo.verify import train_side_by_side
 
 TOL = 1e-5
+RELEASE_POLLS = 100  # at most 10 s for other threads to free what they hold
 
 
 class Block(nn.Module):
@@ -100,8 +102,16 @@ def _calls_left_alive(checkpoint: bool) -> int:
         x = torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(seed))
         model(x).pow(2).mean().backward()
     model(x).sum()  # graph dropped without a backward
-    gc.collect()
-    return sum(isinstance(o, (PendingWeightGrads, MarkedInput)) for o in gc.get_objects())
+    # Some of these objects are freed on threads Python did not start (two a process, gloo's
+    # workers, seen 2026-12-04), which let go of a finished all-reduce after wait() returned:
+    # count again until none is left; a leak keeps them for good and still fails.
+    for _ in range(RELEASE_POLLS):
+        gc.collect()
+        alive = sum(isinstance(o, (PendingWeightGrads, MarkedInput)) for o in gc.get_objects())
+        if not alive:
+            break
+        time.sleep(0.1)
+    return alive
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])
