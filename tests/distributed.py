@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,6 +22,13 @@ def _entry(rank: int, world_size: int, workdir: str, fn, args) -> None:
         torch.save(result, Path(workdir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+    # Leave without Python's finalization, as the harness's ranks do: gloo's worker threads,
+    # where anything still holds the group, may free a finished collective's tensors then,
+    # and a thread that takes the GIL while Python finalizes aborts the rank ("terminate
+    # called without an active exception", SIGABRT: CI, 2026-12-04).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(fn, *args, world_size: int = 2) -> list:
