@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -9,6 +10,18 @@ import torch
 from torch import nn
 
 from . import state
+
+
+def outside_graphs(fn: Callable | None = None, *, recursive: bool = True) -> Callable:
+    """``fn``, run eagerly when a ``torch.compile`` region calls it (``torch.compiler.disable``):
+    for what slapo inserts into a forward that a graph must not hold (collectives, random
+    streams, checkpoint recomputation, and the state they keep by object identity). The
+    region breaks around the call instead of guarding on that state or failing to trace it.
+    ``recursive=False`` keeps only ``fn``'s own frame eager: the functions it calls (a
+    wrapped module forward) are compiled again as regions of their own."""
+    if fn is None:  # used as @outside_graphs(recursive=False)
+        return functools.partial(outside_graphs, recursive=recursive)
+    return torch.compiler.disable(fn, recursive=recursive)
 
 
 def map_first_tensor(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:

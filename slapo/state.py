@@ -36,6 +36,8 @@ ROW_PARALLEL_FORWARD = "_slapo_row_parallel_forward"  # True: the forward syncs,
 # --- marks of module instances ------------------------------------------------------------
 # Written and read by checkpoint (applying it twice is a no-op).
 CHECKPOINTED = "_slapo_checkpointed"  # True: the forward is wrapped in torch checkpointing
+# Written and read by compile (applying it twice is a no-op).
+COMPILED = "_slapo_compiled"  # True: the forward is wrapped in torch.compile
 # Written by hooks.post_chain (sync "fwd_post", shard's deferred bias); read by the forward
 # hook that post_chain registers with it.
 POST_CHAIN = "_slapo_post_chain"  # output hooks run, in order, after the forward
@@ -126,6 +128,14 @@ def mark_checkpointed(mod: Any) -> None:
 
 # Read from the instance's __dict__ only: nn.Module.__getattr__ would also look for a
 # submodule or parameter of that name, and a class attribute must not count.
+def is_compiled(mod: Any) -> bool:
+    return bool(mod.__dict__.get(COMPILED, False))
+
+
+def mark_compiled(mod: Any) -> None:
+    mod.__dict__[COMPILED] = True
+
+
 def post_chain_of(mod: Any) -> list | None:
     return mod.__dict__.get(POST_CHAIN)
 

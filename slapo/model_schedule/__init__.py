@@ -39,6 +39,19 @@ Options (each family honours all of them):
                    ``gpt2.py``.)
   ckpt_ratio       checkpoint the first ``round(ratio * layers)`` layers (Python's round; T5
                    counts encoder then decoder blocks, WideResNet its bottleneck blocks).
+  device           the device type the model trains on, ``"cpu"`` or ``"cuda"`` (default: CUDA
+                   when a GPU is visible): kernel_opt chooses what is fastest there.
+  compile_layers   with kernel_opt, compile each layer (T5 block, WideResNet bottleneck block)
+                   as one ``torch.compile`` region (the ``compile`` primitive), in which
+                   Inductor fuses the memory-bound work between the matrix products (norms with
+                   their residual add and dropout, rotary embeddings, gated activations,
+                   bias+activation) and cuBLAS keeps each Linear's bias in its epilogue; the
+                   bias+GeLU rewrites above are then left out. Default: on CUDA, where the
+                   same fusion over the whole model (``hf-compile``) trained bert-large and
+                   llama-1.1b 1.23x and 1.29x as fast as HF with SDPA on one H200; off on CPU,
+                   where compiling costs seconds per layer and the rewrites above were
+                   measured faster. Pass False under engines that hook into modules after the
+                   schedule (DeepSpeed ZeRO-3 gathers parameters in module hooks).
 The scheduled model is called exactly like the plain one and returns its loss the same way.
 
 Each family's ``schedule`` calls the primitives itself, in the order of the paper's listings:
@@ -57,6 +70,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DEVICES = ("cpu", "cuda")
+
 
 @dataclass(frozen=True)
 class ScheduleOptions:
@@ -64,10 +79,21 @@ class ScheduleOptions:
     shard_embedding: bool = True
     kernel_opt: bool = True
     ckpt_ratio: float = 0.0
+    device: str | None = None  # the device type the kernels are chosen for
+    compile_layers: bool | None = None  # one torch.compile region per layer
 
     def __post_init__(self):
         if not 0.0 <= self.ckpt_ratio <= 1.0:
             raise ValueError(f"ckpt_ratio must lie in [0, 1], got {self.ckpt_ratio}")
+        if self.device is None:
+            import torch
+
+            object.__setattr__(self, "device", "cuda" if torch.cuda.is_available() else "cpu")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.compile_layers is None:
+            object.__setattr__(self, "compile_layers",
+                               self.kernel_opt and self.device == "cuda")
 
 
 def checkpoint_layers(layers: list, ratio: float) -> int:

@@ -15,8 +15,8 @@ Upstream keys and what they do here:
 - ``bcast_input``, ``sequence_parallel``, ``pipeline_cuts``: accepted when off (False, None,
   empty), refused when on (not part of these schedules).
 
-Keys of ``ScheduleOptions`` (``tensor_parallel``, ``shard_embedding``, ``kernel_opt``) pass
-through. Any other key is an error that names it.
+Keys of ``ScheduleOptions`` (``tensor_parallel``, ``shard_embedding``, ``kernel_opt``,
+``device``, ``compile_layers``) pass through. Any other key is an error that names it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from __future__ import annotations
 from ..schedule import create_schedule
 from . import model_type, schedule_model
 
-_OPTION_KEYS = ("tensor_parallel", "shard_embedding", "kernel_opt", "ckpt_ratio")
+_OPTION_KEYS = ("tensor_parallel", "shard_embedding", "kernel_opt", "ckpt_ratio", "device",
+                "compile_layers")
 _ACCEPTED = ("fp16", "bf16", "group", "prefix", "checkpoint_method", "attn_op_name",
              "delay_init")
 _OFF_ONLY = ("bcast_input", "sequence_parallel", "pipeline_cuts")

@@ -31,6 +31,9 @@ def schedule(sch, opts) -> None:
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
         for layer in layers:
             sdpa_gpt_neo(layer["attn.attention"])  # the attention core on SDPA
+            if opts.compile_layers:  # one Inductor region: tanh-GeLU, residual, LayerNorm
+                layer.compile()
+                continue
             mlp = layer["mlp"]
             mlp.trace(flatten=True)
             mlp["c_fc"].decompose()

@@ -11,6 +11,9 @@ def schedule(sch, opts) -> None:
     if opts.kernel_opt:
         use_sdpa(sch)  # attention on SDPA
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
+        if opts.compile_layers:  # one Inductor region a layer: ReLU, residual, LayerNorm, dropout
+            for layer in layers:
+                layer.compile()
     if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
             attn = layer["self_attn"]

@@ -20,10 +20,14 @@ def schedule(sch, opts) -> None:
         use_sdpa(sch)  # attention on SDPA
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
         for layer in layers:
+            if opts.compile_layers:  # one Inductor region: bias+GeLU, residual, LayerNorm
+                layer.compile()
+                continue
             ffn = layer["intermediate"]
             ffn.trace(flatten=True)
             ffn["dense"].decompose()
-            ffn.fuse(ffn.find(bias_gelu)[0], compiler=kernel_compiler(), name="bias_gelu")
+            ffn.fuse(ffn.find(bias_gelu)[0], compiler=kernel_compiler(opts.device),
+                     name="bias_gelu")
     if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
             attn = layer["attention"]

@@ -16,6 +16,9 @@ def schedule(sch, opts) -> None:
     if opts.kernel_opt:
         use_sdpa(sch)  # attention on SDPA
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
+        if opts.compile_layers:  # one Inductor region a block: RMSNorm, residual, FFN act
+            for block in blocks:
+                block.compile()
     if opts.tensor_parallel and sch.world_size > 1:
         for attn in attns:  # self-attention and (decoder) cross-attention
             for name in ("q", "k", "v"):

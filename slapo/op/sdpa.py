@@ -77,7 +77,10 @@ def merge_masks(q_len: int, k_len: int, dtype: torch.dtype, device, mask=None, b
         float_mask = float_mask.to(dtype)
         additive = float_mask if additive is None else additive + float_mask
     if keep is not None:
-        additive = additive.masked_fill(~keep, torch.finfo(dtype).min)
+        # torch.where, not masked_fill: for T5's bias (one for the whole batch) inside a
+        # compiled T5 block, Inductor's masked_fill gave the bias a wrong gradient (torch
+        # 2.13, CPU; tests/distributed/test_sched_compile.py)
+        additive = torch.where(keep, additive, torch.finfo(dtype).min)
     return additive
 
 

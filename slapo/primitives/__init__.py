@@ -40,6 +40,7 @@ def list_primitives() -> list[str]:
 from . import (  # noqa: E402,F401  # noqa: E402,F401  (static graphs)
     annotate,
     checkpoint,
+    compile,
     cut_pipeline_stage,
     decompose,
     find,

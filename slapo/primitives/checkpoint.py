@@ -9,6 +9,7 @@ import torch
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from .. import state
+from ..hooks import outside_graphs
 from ..random import rng_streams
 from . import register_primitive
 
@@ -46,6 +47,7 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
         return
     inner = mod.forward
 
+    @outside_graphs(recursive=False)  # its RNG replay cannot be traced; ``inner`` compiles
     @functools.wraps(inner)
     def forward(*args, **kwargs):
         return _checkpointed(inner, mod, args, kwargs)

@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from ..hooks import outside_graphs
 from ..random import STREAM_SEED_OFFSET, TENSOR_PARALLEL, rng_streams
 from . import register_primitive
 
@@ -30,6 +31,7 @@ def fork_rng(sch, stream: str = TENSOR_PARALLEL, seed: int | None = None) -> Non
         streams.add(stream, base + STREAM_SEED_OFFSET + sch.rank)
     inner = sch.mod.forward
 
+    @outside_graphs(recursive=False)  # the stream switch is eager, the forward inside compiles
     @functools.wraps(inner)
     def forward(*args, **kwargs):
         with streams.fork(stream):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from ..hooks import map_first_input, on_first_tensor, post_chain
+from ..hooks import map_first_input, on_first_tensor, outside_graphs, post_chain
 from ..sharding.overlap import defer_weight_grad, overlap_input, supports_overlap
 from ..sharding.sync_ops import (
     apply_backward_op,
@@ -76,7 +76,7 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
         raise ValueError(f"unknown sync mode '{mode}' at '{where}'; expected one of {SYNC_MODES}")
     if callable(sync_op_or_fn):
         if _is_hook(sync_op_or_fn, mode, where):
-            _register_hook(sch.mod, mode, sync_op_or_fn)
+            _register_hook(sch.mod, mode, outside_graphs(sync_op_or_fn))
             return
     elif not is_forward_op(sync_op_or_fn):
         raise ValueError(f"unknown sync op '{sync_op_or_fn}' at '{where}'; expected one of "
@@ -92,6 +92,7 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
     linears = [_overlappable(sch, path) for path in overlap]
     group = sch.group
 
+    @outside_graphs
     def forward_op(x):
         return apply_forward_op(sync_op_or_fn, x, group, axis, tensor_parallel_output_grad)
 
@@ -105,9 +106,11 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
         for mod in linears:
             defer_weight_grad(mod)
 
+        @outside_graphs
         def fn(x):
             return overlap_input(x, linears, group)
     else:
+        @outside_graphs
         def fn(x):
             return apply_backward_op(sync_op_or_fn, x, group)
     sch.mod.register_forward_pre_hook(

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import state
+from ..hooks import outside_graphs
 from .collectives import world_size
 
 
@@ -161,6 +162,7 @@ def defer_weight_grad(mod: nn.Module) -> None:
         return
     plain = mod.forward
 
+    @outside_graphs  # the mark is found by the input's identity, which a graph cannot guard
     def forward(x, *args, **kwargs):
         mark = state.pending_weight_grads(x)
         views = mark.views.get(id(mod)) if mark is not None else None
