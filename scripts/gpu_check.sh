@@ -1,35 +1,69 @@
 #!/usr/bin/env bash
-# The one-GPU check (README, "One GPU"): Slapo against HF SDPA, HF + torch.compile,
-# megatron-core and DeepSpeed ZeRO-3 on one GPU, judged against the targets in
-# slapo_ae/analysis/gpu_check.py. Run from anywhere in the repository on a machine with one CUDA GPU:
+# The one-GPU check (docs/gpu.md), one part per call, each part sized for a GPU lent for minutes
+# (at most 7 minutes wall on one H200 from a bare machine, wheel installs included):
 #
-#   bash scripts/gpu_check.sh [OUT_FOLDER] [gpu_check run options, e.g. --budget 600]
+#   bash scripts/gpu_check.sh PART [OUT_FOLDER] [gpu_check run options, e.g. --budget 200]
+#
+#   PART  bert | gpt-neo | opt | llama: the cases of configs/gpu_check/PART.cfg (Slapo against
+#         HF SDPA, HF + torch.compile, HF + liger-kernel, megatron-core and DeepSpeed ZeRO-3 on
+#         one model), judged against the targets in slapo_ae/analysis/gpu_check.py;
+#         workflow: the Snakemake workflow with the gpu-smoke profile (configs/config.yaml),
+#         records, CSVs, figures and claims, on one GPU.
 #
 # It uses the python3 on PATH with its own PyTorch. Wheels in .whl/ (scripts/gpu_wheels.sh
 # prepares them) are installed first, into a folder of their own, for machines that cannot reach
-# a package index. Records, logs and summary.md go to OUT_FOLDER (default
-# results/reference/<gpu>); where $OUT is set, a tarball of them and summary.md are copied there.
+# a package index. Outputs go to OUT_FOLDER (default results/reference/<gpu>/<PART>); where $OUT
+# is set (the device tool), a tarball of them and the summary are copied there. Set
+# SLAPO_AE_GIT_COMMIT to the commit the tree was copied from when it travels without .git.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+part=${1:?usage: scripts/gpu_check.sh PART [OUT_FOLDER] [options]; PART: bert, gpt-neo, opt, llama, workflow}
+shift
+if [[ $part != workflow && ! -f configs/gpu_check/$part.cfg ]]; then
+  parts=$(cd configs/gpu_check && ls -- *.cfg | sed 's/\.cfg$//' | tr '\n' ' ')
+  echo "scripts/gpu_check.sh: unknown part '$part'; parts: ${parts}workflow" >&2
+  exit 2
+fi
+start=$SECONDS
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if compgen -G ".whl/*.whl" > /dev/null; then
   site=/tmp/slapo-gpu-site
   python3 -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$site" .whl/*.whl
   export PYTHONPATH="$site:$PYTHONPATH"
+  export PATH="$site/bin:$PATH"
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_BUILD_OPS=0 PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())")
-out=${1:-results/reference/$gpu}
+out=${1:-results/reference/$gpu/$part}
 shift || true
+mkdir -p "$out"
 python3 -c "import torch, transformers, deepspeed, megatron.core as m; print('torch', \
 torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__, \
 'megatron-core', m.__version__, torch.cuda.get_device_name(0))"
+echo "set-up: $((SECONDS - start)) s"
 status=0
-python3 -m slapo_ae.analysis.gpu_check run configs/gpu_check/one_gpu.cfg --out "$out" "$@" || status=$?
+if [[ $part == workflow ]]; then
+  # The workflow's own outputs (results/, figures/) of the gpu-smoke profile, then a copy.
+  python3 -m snakemake --workflow-profile workflow/profiles/default --cores all \
+    --resources gpus=1 --config profile=gpu-smoke "$@" 2>&1 | tee "$out/snakemake.log" \
+    || status=${PIPESTATUS[0]}
+  cp -r results/e2e.csv results/ablation.csv results/loc.csv results/claims.md \
+    results/claims.json figures/e2e.pdf figures/ablation.pdf figures/table4.md "$out/" \
+    2>/dev/null || status=1
+  for experiment in e2e ablation; do
+    [[ -d results/$experiment/gpu-smoke ]] && cp -r "results/$experiment/gpu-smoke" "$out/$experiment"
+  done
+  summary=$out/claims.md
+else
+  python3 -m slapo_ae.analysis.gpu_check run "configs/gpu_check/$part.cfg" --out "$out" "$@" \
+    || status=$?
+  summary=$out/summary.md
+fi
+echo "part $part: $((SECONDS - start)) s, exit status $status"
 if [[ -n "${OUT:-}" ]]; then
-  tar czf "$OUT/records.tgz" -C "$(dirname "$out")" "$(basename "$out")"
-  cp "$out/summary.md" "$OUT/"
+  tar czf "$OUT/$part.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+  [[ -f $summary ]] && cp "$summary" "$OUT/$part-$(basename "$summary")"
 fi
 exit "$status"

@@ -41,14 +41,15 @@ MODES = {
     "eager": "the HF model as is, data parallel (Figure 9: Vanilla)",
     "hf-sdpa": "the HF model with HF's SDPA attention, data parallel (a one-GPU baseline)",
     "hf-compile": "the HF model (SDPA) under torch.compile, data parallel (a one-GPU baseline)",
+    "hf-liger": "the HF model (SDPA) with liger-kernel's kernels, data parallel (GPU only)",
     "torchscript": "original benchmark's TorchScript mode; parsed, reported unsupported",
     "slapo-kernel": "Figure 9 '+ Kernel Opt': fused attention and bias+GeLU kernels",
     "slapo-tp-attn-ffn": "Figure 9 '+ Attn/FFN TP': kernels + TP of attention and FFN",
     "slapo-tp-full": "Figure 9 '+ Embedding TP': kernels + TP incl. the word embedding",
 }
 # Modes whose GPUs are all data-parallel ranks: each takes batch / GPUs samples
-DATA_PARALLEL_MODES = ("eager", "hf-sdpa", "hf-compile", "slapo-kernel", "deepspeed",
-                       "slapo-deepspeed")
+DATA_PARALLEL_MODES = ("eager", "hf-sdpa", "hf-compile", "hf-liger", "slapo-kernel",
+                       "deepspeed", "slapo-deepspeed")
 # Modes whose GPUs are tensor-parallel ranks (with pp = 1 and no tp given, all of them)
 TENSOR_PARALLEL_MODES = ("megatron", "slapo-megatron", "slapo-tp-full", "slapo-tp-attn-ffn")
 # Modes that take the 3D settings pp, tp, micro_batch

@@ -23,8 +23,8 @@ does not divide is an error of the line. For example
 
 Modes (:data:`slapo_ae.case.MODES`) are the four systems of Figure 7, the original benchmark's
 ``eager`` and ``torchscript``, the Slapo steps of the Figure 9 ablation on top of ``eager``
-(Vanilla), and the HF baselines ``hf-sdpa`` and ``hf-compile`` a user would pick instead of
-Slapo.
+(Vanilla), and the HF baselines ``hf-sdpa``, ``hf-compile`` and ``hf-liger`` a user would
+pick instead of Slapo.
 """
 from __future__ import annotations
 

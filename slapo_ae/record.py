@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -18,7 +20,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from slapo_ae import atomic
+from slapo_ae import atomic, paths
 
 STATUSES = ("ok", "oom", "unsupported", "failed")
 REQUIRED_KEYS = ("status", "reason", "case", "metrics", "env")
@@ -118,16 +120,28 @@ def package_version(dist: str) -> str | None:
         return None
 
 
-def git_commit(path=None) -> str | None:
-    """HEAD of the git checkout holding ``path`` (default: this package), ``+dirty`` if
-    tracked files changed; None without git or outside a checkout."""
-    cwd = Path(path or __file__).resolve()
-    cwd = cwd if cwd.is_dir() else cwd.parent
+# Set where the project's tree travels without its git history (a copy sent to a GPU
+# machine): the commit the copy was made from, recorded as ``git_commit``.
+ENV_COMMIT = "SLAPO_AE_GIT_COMMIT"
+SOURCE_PACKAGES = ("slapo", "slapo_ae")  # what source_hash covers
+
+
+def git_commit(root=None) -> str | None:
+    """HEAD of the project's own checkout (``root``, default the project root), ``+dirty`` if
+    tracked files changed; ``$SLAPO_AE_GIT_COMMIT`` when set. None without git, or when
+    ``root`` is not the top of a checkout: a copy of the tree inside another repository
+    would otherwise record that repository's commit."""
+    if os.environ.get(ENV_COMMIT):
+        return os.environ[ENV_COMMIT]
+    root = Path(root or paths.ROOT).resolve()
     try:
         def run(*args):
-            return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
                                   timeout=10)
 
+        top = run("rev-parse", "--show-toplevel")
+        if top.returncode or Path(top.stdout.strip()).resolve() != root:
+            return None
         head = run("rev-parse", "HEAD")
         if head.returncode:
             return None
@@ -137,13 +151,28 @@ def git_commit(path=None) -> str | None:
         return None
 
 
+@functools.cache
+def source_hash(root=None) -> str:
+    """``sha256:<hex>`` of the project's Python sources (:data:`SOURCE_PACKAGES`): their
+    paths and contents, in path order. Names the code a record came from with or without
+    git; equal hashes, equal code."""
+    root = Path(root or paths.ROOT)
+    digest = hashlib.sha256()
+    for package in SOURCE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return "sha256:" + digest.hexdigest()
+
+
 def collect_env(device: dict) -> dict:
     """The environment a record was measured in: ``device`` (name, count, CUDA version:
     :func:`slapo_ae.gpus.describe`, or torch's view inside a rank), package versions, commit,
     host."""
     env = dict(device)
     env.update({name: package_version(dist) for name, dist in PACKAGES.items()})
-    env.update({"git_commit": git_commit(), "hostname": socket.gethostname(),
+    env.update({"git_commit": git_commit(), "source_hash": source_hash(),
+                "hostname": socket.gethostname(),
                 "python": platform.python_version(), "platform": platform.platform(),
                 "cpu_count": os.cpu_count()})
     return env

@@ -9,6 +9,7 @@
 | eager             | eager.py           | HF model as is, data parallel (Figure 9: Vanilla)   |
 | hf-sdpa           | eager.py           | HF model with HF's SDPA attention, data parallel    |
 | hf-compile        | eager.py           | HF model (SDPA) under torch.compile, data parallel  |
+| hf-liger          | eager.py           | HF model (SDPA) with liger-kernel's kernels (GPU)   |
 | slapo-kernel      | slapo_tp.py        | + Kernel Opt (no TP)                                |
 | slapo-tp-attn-ffn | slapo_tp.py        | + Attn/FFN TP (embedding whole)                     |
 | slapo-tp-full     | slapo_tp.py        | + Embedding TP                                      |
@@ -40,6 +41,7 @@ _MODULES = {
     "eager": ("eager", "EagerSystem"),
     "hf-sdpa": ("eager", "HFSdpaSystem"),
     "hf-compile": ("eager", "HFCompileSystem"),
+    "hf-liger": ("eager", "HFLigerSystem"),
 }
 
 

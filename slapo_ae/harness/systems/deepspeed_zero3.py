@@ -2,10 +2,11 @@
 
 Micro-batch = global batch / ranks, one micro-batch per step (no gradient accumulation). A
 checkpoint ratio above 0 switches HF gradient checkpointing on for every layer (the paper's
-"(1)"). The optimizer is ``torch.optim.AdamW`` handed to DeepSpeed with
-``zero_allow_untested_optimizer`` (DeepSpeed's FusedAdam would need a compiled op, and on CPU
-there is none). On CUDA, fp16/bf16 are DeepSpeed's own settings (fp32 master weights in the
-optimizer, dynamic loss scaling for fp16).
+"(1)"). The optimizer is ``torch.optim.AdamW`` (fused on CUDA, as for every system:
+:func:`.base.adamw`) handed to DeepSpeed with ``zero_allow_untested_optimizer`` (DeepSpeed's
+FusedAdam would need a compiled op, and on CPU there is none); ZeRO-3 steps it over its fp32
+partitions. On CUDA, fp16/bf16 are DeepSpeed's own settings (16-bit parameters, fp32 master
+weights in the optimizer, dynamic loss scaling for fp16).
 
 DeepSpeed quirks met here (0.19.8), and what the harness does about them (:func:`quiet_deepspeed`):
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import System, build_hf_model, checkpoint_every_layer
+from .base import System, adamw, build_hf_model, checkpoint_every_layer
 
 
 def ds_config(spec, micro_batch: int) -> dict:
@@ -70,8 +71,8 @@ class DeepSpeedZero3System(System):
     def setup(self) -> None:
         quiet_deepspeed(self.ctx.device.type)
         self.model = self.build()
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.spec.case.lr)
-        self.engine = self.initialize(optimizer, ds_config(self.spec, self.micro_batch()))
+        self.optimizer = adamw(self.model.parameters(), self.spec.case.lr, self.ctx.device)
+        self.engine = self.initialize(self.optimizer, ds_config(self.spec, self.micro_batch()))
         floating = {"fp16": torch.float16, "bf16": torch.bfloat16}
         self.input_dtype = (floating.get(self.spec.case.dtype) if self.spec.case.device == "cuda"
                             else None)
@@ -83,6 +84,13 @@ class DeepSpeedZero3System(System):
         engine, _, _, _ = deepspeed.initialize(model=self.model, optimizer=optimizer,
                                                config=config)
         return engine
+
+    def precision(self) -> str:
+        if self.input_dtype is None:
+            return "fp32"
+        return (f"DeepSpeed {self.spec.case.dtype}: {self.spec.case.dtype} parameters, fp32 "
+                "master weights in ZeRO-3's optimizer"
+                + (", dynamic loss scaling" if self.spec.case.dtype == "fp16" else ""))
 
     def train_step(self, batch: dict) -> torch.Tensor:
         if self.input_dtype is not None:  # DeepSpeed runs the module itself in 16 bit

@@ -1,13 +1,23 @@
 """The HF model without Slapo, data parallel over the ranks: ``eager`` (Figure 9's Vanilla)
-and the two baselines a user would pick instead of Slapo on one GPU, ``hf-sdpa`` and
-``hf-compile``.
+and the baselines a user would pick instead of Slapo on one GPU, ``hf-sdpa``, ``hf-compile``
+and ``hf-liger``.
 
-| mode       | attention                          | compiled                          |
-|------------|------------------------------------|-----------------------------------|
-| eager      | HF eager                           | no                                |
-| hf-sdpa    | HF ``sdpa``                        | no                                |
-| hf-compile | HF ``sdpa`` (eager where HF has no | ``torch.compile`` (inductor) of   |
-|            | SDPA: GPT-Neo), none in WideResNet | the whole model, default options  |
+| mode       | attention                          | kernels                            |
+|------------|------------------------------------|------------------------------------|
+| eager      | HF eager                           | PyTorch's                          |
+| hf-sdpa    | HF ``sdpa``                        | PyTorch's                          |
+| hf-compile | HF ``sdpa`` (eager where HF has no | ``torch.compile`` (inductor) of    |
+|            | SDPA: GPT-Neo), none in WideResNet | the whole model, default options   |
+| hf-liger   | HF ``sdpa``                        | liger-kernel's Triton kernels for  |
+|            |                                    | the family, its patch's defaults   |
+
+``hf-liger`` applies liger-kernel's own patch for the model's type
+(``liger_kernel.transformers``' ``apply_liger_kernel_to_<type>(model=...)``, found in its
+table ``MODEL_TYPE_TO_APPLY_LIGER_FN``) with the patch's defaults (for LLaMA: RMSNorm, RoPE,
+SwiGLU and the fused linear cross entropy that never writes out the logits). A model type
+liger-kernel has no patch for (BERT, GPT-Neo, OPT, T5) is ``unsupported`` with that reason,
+and so is any CPU case: liger-kernel's kernels are Triton kernels for GPUs. It is an optional
+dependency (the ``gpu`` extra).
 
 On one rank this is the model in a plain AdamW loop. On N ranks it is wrapped in
 ``DistributedDataParallel``: each rank trains on ``batch / N`` samples and the gradients are
@@ -19,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from .base import NativeTrainer, build_hf_model, checkpoint_every_layer
-from .support import NO_HF_SDPA
+from .support import NO_HF_SDPA, Unsupported
 
 
 def wrap_data_parallel(model, ctx):
@@ -43,6 +53,7 @@ class EagerSystem(NativeTrainer):
         model = build_hf_model(self.spec, self.ctx.device, attention)
         if attention != "eager":
             self.notes.append(f"HF attention implementation: {attention}")
+        self.adapt(model)
         if self.spec.case.ckpt:
             checkpoint_every_layer(model, self.notes)
         self.inner = model
@@ -52,6 +63,9 @@ class EagerSystem(NativeTrainer):
             self.model = torch.compile(self.model)
             self.notes.append("torch.compile (inductor, default mode) of the whole model")
         self.make_optimizer(self.inner.parameters())
+
+    def adapt(self, model) -> None:
+        """Change the built model before it is wrapped (hf-liger's kernels)."""
 
     def params_on_rank(self) -> int:
         return sum(p.numel() for p in self.inner.parameters())
@@ -74,3 +88,34 @@ class HFCompileSystem(EagerSystem):
         from slapo_ae.zoo import model_family
 
         return "eager" if model_family(self.spec.case.model) in NO_HF_SDPA else "sdpa"
+
+
+class HFLigerSystem(EagerSystem):
+    mode = "hf-liger"
+    description = "the HF model with liger-kernel's kernels for its family (SDPA attention)"
+
+    def attn_implementation(self) -> str:
+        return "sdpa"
+
+    def adapt(self, model) -> None:
+        self.notes.append(apply_liger(model))
+
+
+def apply_liger(model) -> str:
+    """Apply liger-kernel's patch for ``model``'s type to the instance, with the patch's
+    defaults; returns the record's note. :class:`Unsupported` when liger-kernel has none."""
+    import importlib.metadata
+    import inspect
+
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    version = importlib.metadata.version("liger-kernel")
+    model_type = model.config.model_type
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if apply is None:
+        raise Unsupported(f"liger-kernel {version} has no kernels for {model_type} models "
+                          f"(it patches: {', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))})")
+    defaults = [name for name, param in inspect.signature(apply).parameters.items()
+                if param.default is True]
+    apply(model=model)
+    return f"liger-kernel {version}: {apply.__name__}(model=...), on: {', '.join(defaults)}"

@@ -21,6 +21,14 @@ Checkpointing (``CKPT``): ``full`` recomputes every layer (``recompute_granulari
 uniform, one layer per chunk), ``selective`` recomputes the core attention; 0 = none.
 Training: every rank sees the whole batch (data parallel size 1), AdamW over fp32 parameters,
 autocast in fp16/bf16 on CUDA (not Megatron-LM's Float16Module and distributed optimizer).
+
+On CUDA the model takes the fastest path megatron-core has without Transformer Engine or Apex
+(:data:`CUDA_FUSIONS`, named in the record): its ``torch.compile``-fused bias+activation
+(GeLU, which megatron fuses as the tanh approximation, or SwiGLU), bias+dropout+residual add
+and cross entropy. Its attention stays the local ``DotProductAttention``, which writes out the
+``[b, heads, s, s]`` scores and takes their softmax in fp32: megatron-core's fused and flash
+attention are Transformer Engine's. That is why it trails HF with SDPA at sequence 512-1024;
+the record says so. On CPU the unfused path runs (compiling costs more than it saves there).
 On CPU the :mod:`.megatron_cpu` adapter is installed. A case with pipeline stages or
 data-parallel replicas (``pp=``, ``tp=``) runs under :mod:`.megatron_3d`, a subclass.
 """
@@ -31,6 +39,16 @@ import functools
 import torch
 
 from .base import TensorParallelTrainer
+
+# megatron-core's fusions that need neither Transformer Engine nor Apex (its jit_fuser is
+# torch.compile); masked-softmax, RoPE and gradient-accumulation fusion need their kernels.
+CUDA_FUSIONS = {"bias_dropout_fusion": True, "cross_entropy_loss_fusion": True}
+# Families whose MLP activation megatron fuses with its bias (bias_activation_fusion): GeLU
+# (fused as the tanh approximation: GPT-Neo's own, BERT's within 1e-3) and SwiGLU.
+FUSED_ACTIVATION = {"bert": "gelu", "gpt_neo": "gelu", "llama": "swiglu"}
+SLOW_ATTENTION = ("megatron-core's attention here is its local DotProductAttention (no "
+                  "Transformer Engine): it writes out the [b, heads, s, s] scores with an fp32 "
+                  "softmax, where HF's SDPA runs a flash kernel")
 
 
 def _family(spec) -> str:
@@ -93,7 +111,27 @@ class MegatronSystem(TensorParallelTrainer):
             pipeline_model_parallel_size=self.pp_size,
             use_cpu_initialization=self.ctx.device.type == "cpu",
             params_dtype=torch.float32, pipeline_dtype=torch.float32,
-            **recompute, **fields)
+            **recompute, **{**fields, **self.fusions()})
+
+    def fusions(self) -> dict:
+        """The :data:`CUDA_FUSIONS` (and the activation's) on CUDA, none on CPU; recorded once.
+        A fused GeLU is given as ``F.gelu``, which megatron computes as the tanh
+        approximation."""
+        if self.ctx.device.type != "cuda":
+            return {}
+        fusions = dict(CUDA_FUSIONS)
+        act = FUSED_ACTIVATION.get(self.family)
+        if act is not None:
+            fusions["bias_activation_fusion"] = True
+            fusions["activation_func"] = (torch.nn.functional.gelu if act == "gelu"
+                                          else torch.nn.functional.silu)
+        note = (f"megatron-core fusions on CUDA (no Transformer Engine or Apex): "
+                f"{', '.join(sorted(k for k in fusions if k.endswith('fusion')))}"
+                + (f" ({act}; GeLU fused as its tanh approximation)" if act == "gelu" else
+                   f" ({act})" if act else "") + f"; {SLOW_ATTENTION}")
+        if note not in self.notes:
+            self.notes.append(note)
+        return fusions
 
     def _bert(self):
         from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec

@@ -45,14 +45,22 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
     manual_seed(spec.case.seed, tensor_rank if options.get("tensor_parallel") else 0)
     sch = slapo.create_schedule(model, group=topology.tensor_group if topology else None)
     ratio = float(spec.case.ckpt or 0.0)
+    device = (trains_on or ctx.device).type
     try:
-        schedule_model(sch, ckpt_ratio=ratio, **options)
+        opts = schedule_model(sch, ckpt_ratio=ratio, device=device, **options)
     except NotImplementedError as err:
         raise Unsupported(f"no Slapo schedule: {err}") from None
-    if options.get("kernel_opt"):
-        device = (trains_on or ctx.device).type
+    if opts.kernel_opt:
+        choices = kernel_choices(device)
+        if opts.compile_layers:
+            choices["bias_gelu"] = "in the layer's region"
+            choices["layers"] = ("one torch.compile (inductor) region each: norms, residual "
+                                 "adds, dropout, rotary, activations fused; matmuls on cuBLAS")
+        else:
+            choices["layers"] = "eager" + (" (compiling is off on CPU: seconds per layer)"
+                                           if device == "cpu" else "")
         notes.append(f"Slapo kernels on {device}: " + "; ".join(
-            f"{op}: {kernel}" for op, kernel in kernel_choices(device).items()))
+            f"{op}: {kernel}" for op, kernel in choices.items()))
     if options.get("tensor_parallel") and sch.world_size > 1:
         notes.append("Slapo TP: the input-gradient all-reduce of column-parallel linears runs "
                      "beside their weight gradients (sync overlap=, slapo.sharding.overlap)")

@@ -17,8 +17,11 @@ class SlapoZero3System(DeepSpeedZero3System):
 
     def build(self):
         on_cpu = dataclasses.replace(self.ctx, device=torch.device("cpu"))  # DeepSpeed moves it
+        # No compiled layers: ZeRO-3 gathers each module's parameters in hooks it adds at
+        # initialize, which a region compiled from the schedule's modules would not run.
         self.schedule = schedule(self.spec, on_cpu, self.notes, trains_on=self.ctx.device,
-                                 tensor_parallel=False, shard_embedding=False, kernel_opt=True)
+                                 tensor_parallel=False, shard_embedding=False, kernel_opt=True,
+                                 compile_layers=False)
         return self.schedule.mod
 
     def initialize(self, optimizer, config: dict):

@@ -97,13 +97,24 @@ def _check_hf_sdpa(spec) -> None:
         raise Unsupported(reason)
 
 
+def _check_hf_liger(spec) -> None:
+    # Which model types liger-kernel patches is asked of liger-kernel itself, in the rank
+    # (systems/eager.py): its table needs torch and Triton to import.
+    if spec.case.device != "cuda":
+        raise Unsupported("liger-kernel's kernels are Triton kernels for GPUs; they do not run "
+                          "on CPU")
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise Unsupported("liger-kernel is not installed (the project's 'gpu' extra: "
+                          "pip install '.[gpu]')")
+
+
 def _check_torchscript(spec) -> None:
     raise Unsupported("torchscript mode is not implemented by this harness (the original "
                       "benchmark's TorchScript path does not apply to current PyTorch)")
 
 
 MODE_CHECKS = {"megatron": _check_megatron, "hf-sdpa": _check_hf_sdpa,
-               "torchscript": _check_torchscript}
+               "hf-liger": _check_hf_liger, "torchscript": _check_torchscript}
 # A case with pipeline stages or replicas (Case.is_3d) runs under its mode's 3D system
 MODE_CHECKS_3D = {"megatron": (_check_megatron, _check_megatron_3d),
                   "slapo-megatron": (_check_slapo_3d,)}
