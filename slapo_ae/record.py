@@ -18,7 +18,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from slapo_ae import atomic
+from slapo_ae import atomic, textfile
 
 STATUSES = ("ok", "oom", "unsupported", "failed")
 REQUIRED_KEYS = ("status", "reason", "case", "metrics", "env")
@@ -179,8 +179,9 @@ def write_record(record: Record | dict, path) -> Path:
 def read_record(path) -> Record:
     """Read and validate a record file; :class:`RecordError` names the file on any problem."""
     try:
-        with open(path) as handle:
-            data = json.load(handle)
+        data = json.loads(textfile.read_text(path))
+    except textfile.NotTextError as err:
+        raise RecordError(f"cannot read record: {err}") from None
     except (OSError, json.JSONDecodeError) as err:
         raise RecordError(f"{path}: cannot read record: {err}") from None
     if not isinstance(data, dict):

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slapo_ae import paths
+from slapo_ae import paths, textfile
 
 FAMILIES = ("bert", "roberta", "gpt_neo", "opt", "t5", "llama", "wideresnet")
 ENV_CONFIG_DIR = "SLAPO_MODEL_CONFIGS"
@@ -64,7 +64,9 @@ def load_config(name: str) -> dict[str, Any]:
     """
     path = _config_path(name)
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(textfile.read_text(path))
+    except textfile.NotTextError as e:
+        raise ValueError(f"malformed model config {e}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"malformed model config {path}: {e}") from e
     meta = cfg.get(PROJECT_KEY) if isinstance(cfg, dict) else None
