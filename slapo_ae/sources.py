@@ -35,8 +35,8 @@ NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis", "slapo_ae/tuning.py",
            "slapo_ae/harness/tune.py")
 SRUN_CASE = "scripts/srun_case.sh"  # how the agents of a case on several nodes start under srun
 AUTOTUNE = "slapo/autotune"  # the search: run by a tuning's rounds, never by a case
-# What reading the zoo's model configs imports (slapo_ae/zoo/configs.py)
-ZOO_CONFIGS = ("paths", "textfile", "zoo/configs")
+# What reading the zoo's model configs imports (slapo_ae/zoo/configs.py and its rules)
+ZOO_CONFIGS = ("paths", "textfile", "zoo/configs", "zoo/fields")
 # The modules of slapo_ae each analysis step imports (module-level), its own first.
 ANALYSIS_STEPS = {
     "aggregate": ("analysis/aggregate", "atomic", *ZOO_CONFIGS),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from slapo_ae import paths, textfile
+from slapo_ae.zoo import fields
 
 FAMILIES = ("bert", "roberta", "gpt_neo", "opt", "t5", "llama", "wideresnet")
 ENV_CONFIG_DIR = "SLAPO_MODEL_CONFIGS"
@@ -77,7 +78,26 @@ def load_config(name: str) -> dict[str, Any]:
         )
     if "model_type" not in cfg:
         raise ValueError(f"model config {path} has no 'model_type'")
+    try:
+        fields.check(meta["family"], cfg)
+    except fields.FieldError as e:
+        raise ValueError(f"model config {path}: {e}") from None
     return cfg
+
+
+def check_overrides(name: str, overrides: dict) -> None:
+    """Raise `ValueError` naming the override and the rule it breaks when the model's config
+    with ``overrides`` (config fields, e.g. ``{"num_hidden_layers": 0}``) would make no model
+    or a meaningless one (:mod:`slapo_ae.zoo.fields`); `KeyError` for an unknown model. A
+    key that no rule knows is left to the config class (`registry.hf_config`)."""
+    cfg = load_config(name)
+    family = cfg[PROJECT_KEY]["family"]
+    try:
+        fields.check(family, fields.merged(family, cfg, overrides))
+    except fields.FieldError as e:
+        blamed = [k for k in overrides if fields.canonical(family, k) in e.fields]
+        given = " ".join(f"{k}={json.dumps(overrides[k])}" for k in blamed[:1] or overrides)
+        raise ValueError(f"override {given} of {name}: {e}") from None
 
 
 def model_family(name: str) -> str:

@@ -72,7 +72,8 @@ def test_run_unknown_model_is_a_clear_usage_error(tmp_path, capsys):
     (["--mode", "eager", "--override", "hidden_sise=64"], "--override"),
     # values the ranks would fail on after the launch: refused here, before it
     (["--mode", "eager", "--override", "hidden_size=abc"],
-     "Field 'hidden_size' expected int, got str (value: 'abc')"),
+     "override hidden_size=\"abc\" of bert-tiny: hidden_size must be a positive integer (a "
+     "size or count), got 'abc'"),
     (["--mode", "eager", "--timeout", "inf"], "--timeout must be a positive number of seconds"),
     (["--mode", "eager", "--timeout", "nan"], "--timeout must be a positive number of seconds"),
     (["--mode", "eager", "--lr", "nan"], "--lr must be a positive number"),
@@ -118,6 +119,52 @@ def test_ctrl_c_before_the_ranks_start_is_one_line_and_no_record(tmp_path, capsy
     assert err == ("slapo-bench run: interrupted before any rank started; "
                    "no record written\n")
     assert not out.exists()
+
+
+# -- model-config overrides ----------------------------------------------------------------
+@pytest.mark.parametrize("model, override, message", [
+    ("bert-tiny", "num_hidden_layers=0", "override num_hidden_layers=0 of bert-tiny: "
+     "num_hidden_layers must be a positive integer (a size or count), got 0"),
+    ("bert-tiny", "num_hidden_layers=-1", "override num_hidden_layers=-1 of bert-tiny: "
+     "num_hidden_layers must be a positive integer (a size or count), got -1"),
+    ("bert-tiny", "hidden_size=-64", "override hidden_size=-64 of bert-tiny: hidden_size must "
+     "be a positive integer (a size or count), got -64"),
+    ("bert-tiny", "vocab_size=-5", "override vocab_size=-5 of bert-tiny: vocab_size must be a "
+     "positive integer (a size or count), got -5"),
+    ("bert-tiny", "num_attention_heads=0", "override num_attention_heads=0 of bert-tiny: "
+     "num_attention_heads must be a positive integer (a size or count), got 0"),
+    ("bert-tiny", "hidden_dropout_prob=2", "override hidden_dropout_prob=2 of bert-tiny: "
+     "hidden_dropout_prob must be a probability in [0, 1], got 2"),
+    ("bert-tiny", "hidden_size=130", "override hidden_size=130 of bert-tiny: "
+     "num_attention_heads 4 does not divide hidden_size 130 (each head takes hidden_size / "
+     "num_attention_heads)"),
+    ("bert-tiny", "vocab_size=0.5", "override vocab_size=0.5 of bert-tiny: vocab_size must be "
+     "a positive integer (a size or count), got 0.5"),
+    ("bert-tiny", 'hidden_act="nope"', "--override: bert-tiny: hidden_act 'nope' names no "
+     "activation transformers knows"),
+    # aliases: T5's num_hidden_layers is its num_layers
+    ("t5-tiny", "num_hidden_layers=0", "override num_hidden_layers=0 of t5-tiny: num_layers "
+     "must be a positive integer (a size or count), got 0"),
+    ("gpt-neo-tiny", "num_layers=3", "override num_layers=3 of gpt-neo-tiny: num_layers 3 is "
+     "not the 2 layers attention_types names (one kind of attention per layer)"),
+    ("llama-tiny", "num_key_value_heads=3", "override num_key_value_heads=3 of llama-tiny: "
+     "num_key_value_heads 3 does not divide num_attention_heads 4"),
+    ("opt-tiny", "layerdrop=1.5", "override layerdrop=1.5 of opt-tiny: layerdrop must be a "
+     "probability in [0, 1], got 1.5"),
+    ("wideresnet-tiny", "layers=[1, 0, 1, 1]", "override layers=[1, 0, 1, 1] of "
+     "wideresnet-tiny: layers must be a non-empty list of positive integers"),
+])
+def test_overrides_that_make_no_model_are_refused_before_anything_runs(tmp_path, capsys, model,
+                                                                       override, message):
+    out = tmp_path / "r.json"
+    argv = ["run", "--mode", "eager", "--model", model, "--gpus", "1", "--seq-len", "16",
+            "--dec-seq-len", "8" if model.startswith("t5") else "0", "--batch-size", "2",
+            "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out),
+            "--override", override]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"slapo-bench run: error: {message}") and len(err.splitlines()) == 1
+    assert not out.exists() and not out.with_suffix(".log").exists()
 
 
 def test_the_data_parallel_modes_are_the_systems_that_split_the_batch():
