@@ -12,7 +12,8 @@ Each JSON holds the model's real config fields plus one project key:
                "description": "...", "paper_label": "BERT-1B" (optional)}
 
 This is the one reader of those files: the planner (at DAG time), the analysis and the
-harness all ask it.
+harness all ask it. It holds them, and a case's overrides of them (`check_overrides`), to the
+rules of `fields.py`.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def load_config(name: str) -> dict[str, Any]:
     """The model's JSON config as a dict, the `_slapo` section included.
 
     Raises `KeyError` (listing known names) for an unknown model and `ValueError` naming the
-    file for malformed JSON or a missing/invalid `_slapo` section.
+    file for a file that is not UTF-8 text, malformed JSON, a missing/invalid `_slapo` section
+    or a field that breaks its rule (`fields.py`: a BERT of no layers, heads that do not
+    divide the hidden size, ...).
     """
     path = _config_path(name)
     try:
