@@ -159,8 +159,8 @@ def cmd_run(args) -> int:
     except UsageError as err:
         print(f"slapo-bench run: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # Ctrl-C while no rank runs: before the launch, or after it
-        return interrupted("slapo-bench run", signal.SIGINT, spec)
+    except KeyboardInterrupt as err:  # no rank runs: before the launch, or after it
+        return interrupted("slapo-bench run", getattr(err, "signum", signal.SIGINT), spec)
     except Interrupted as err:  # a stop signal while the ranks ran: the supervisor stopped them
         return interrupted("slapo-bench run", err.signum, spec, ranks_stopped=True)
     if record is None:
@@ -236,16 +236,37 @@ def build_parser():
     return parser
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while no rank runs, handled as a Ctrl-C: a file being written is
+    removed (slapo_ae/atomic.py), where the default action would leave its temporary behind
+    (the case runner stops the other agents of a case on several nodes so when one exits
+    with a status that is not 0). While the ranks run, the supervisor's own handlers stop
+    them first (slapo_ae/harness/supervise.py)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
-    except KeyboardInterrupt:  # while the program starts, or while `cases` reads its file
+    except KeyboardInterrupt as err:  # while the program starts, or while `cases` reads
+        signum = getattr(err, "signum", signal.SIGINT)
         if argv[:1] == ["run"]:
-            return interrupted("slapo-bench run", signal.SIGINT)
+            return interrupted("slapo-bench run", signum)
         print("slapo-bench: interrupted", file=sys.stderr)
-        return 128 + signal.SIGINT
+        return 128 + signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -161,6 +161,7 @@ def _processes_naming(text: str) -> list[str]:
 @pytest.mark.parametrize("moment, sig", [
     ("slapo_ae.case", signal.SIGINT),  # argparse's options of the case: the first import
     ("slapo_ae.zoo.configs", signal.SIGINT),  # the case is being checked
+    ("slapo_ae.zoo.configs", signal.SIGTERM),  # as the case runner stops an agent
     ("slapo_ae.harness.launch", signal.SIGINT),  # the launcher, just before the case's check
     ("log", signal.SIGINT),  # the launch has begun: the ranks are starting
     ("rank", signal.SIGINT),  # a rank runs (imports torch)
