@@ -238,10 +238,10 @@ def build_parser():
 
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP while no rank runs, handled as a Ctrl-C: a file being written is
-    removed (slapo_ae/atomic.py), where the default action would leave its temporary behind
-    (the case runner stops the other agents of a case on several nodes so when one exits
-    with a status that is not 0). While the ranks run, the supervisor's own handlers stop
-    them first (slapo_ae/harness/supervise.py)."""
+    removed (slapo_ae/atomic.py), where the default action would leave its temporary behind.
+    The case runner stops the other agents of a case on several nodes this way when one of
+    them exits with a status other than 0. While the ranks run, the supervisor's own handlers
+    stop them first (slapo_ae/harness/supervise.py)."""
 
     def __init__(self, signum: int):
         super().__init__(f"signal {signum}")

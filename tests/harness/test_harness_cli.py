@@ -1,5 +1,7 @@
-"""The harness CLI without training: ``cases``, usage errors, cases recorded as unsupported
-before any rank starts, and the parent's verdict on dead ranks (from status files)."""
+"""The harness CLI without training: ``cases``, usage errors (overrides that break their
+rule, files that are not text), cases recorded as unsupported before any rank starts, the exit
+status of each record's status, and the parent's verdict on dead ranks (from status files);
+and a Ctrl-C at the first moments of a run (slow: it starts ranks, then stops them)."""
 from __future__ import annotations
 
 import json
