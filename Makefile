@@ -37,8 +37,10 @@ test: lint
 	$(VENV_PATH) $(PY) -m pytest
 
 # The evaluation workflow for the profile that fits this machine (cpu when no GPU is visible),
-# then the report; pass e.g. SNAKEMAKE_ARGS="--config profile=paper".
+# then the report; pass e.g. SNAKEMAKE_ARGS="--config profile=paper". Snakemake parses
+# --config and --configfile before the workflow can check them, so they are checked first.
 reproduce: $(STAMP)
+	@$(PY) workflow/check_args.py $(SNAKEMAKE_ARGS)
 	$(VENV_PATH) $(SNAKEMAKE) --resources gpus=$(GPUS) $(SNAKEMAKE_ARGS)
 	$(VENV_PATH) $(SNAKEMAKE) --report report.html $(SNAKEMAKE_ARGS)
 

@@ -110,6 +110,15 @@ class Case:
             raise CaseError(f"{self.gpus} GPUs do not spread evenly over {self.nodes} nodes")
         check_parallelism(self.mode, self.gpus, self.batch_size, self.pp, self.tp,
                           self.micro_batch)
+        if self.overrides:  # wherever they come from: refused before anything runs
+            from slapo_ae.zoo.configs import check_overrides
+
+            try:
+                check_overrides(self.model, self.overrides)
+            except KeyError as err:
+                raise CaseError(err.args[0]) from None
+            except ValueError as err:
+                raise CaseError(str(err)) from None
 
     @property
     def gpus_per_node(self) -> int:

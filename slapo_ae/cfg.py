@@ -34,6 +34,7 @@ import shlex
 from pathlib import Path
 
 from slapo_ae import expr as _expr
+from slapo_ae import textfile
 from slapo_ae.case import MAX_GPUS, Case, CaseError, check_batch, check_mode, parse_ckpt
 from slapo_ae.zoo import configs
 
@@ -164,9 +165,15 @@ def parse_cfg_text(text: str, source: str = "<string>", max_gpus: int | None = N
 
 
 def parse_cfg(path, max_gpus: int | None = None, known_models=None) -> list[Case]:
-    """Parse the cfg file at ``path`` into cases, in file order."""
+    """Parse the cfg file at ``path`` into cases, in file order (a file that is not UTF-8
+    text is a :class:`CfgError` naming the byte where decoding failed; ``OSError`` if it cannot
+    be read)."""
     path = Path(path)
-    return parse_cfg_text(path.read_text(), str(path), max_gpus, known_models)
+    try:
+        text = textfile.read_text(path)
+    except textfile.NotTextError as err:
+        raise CfgError([str(err)]) from None
+    return parse_cfg_text(text, str(path), max_gpus, known_models)
 
 
 def to_cfg_line(case: Case) -> str:

@@ -20,7 +20,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from slapo_ae import atomic, paths
+from slapo_ae import atomic, paths, textfile
 
 STATUSES = ("ok", "oom", "unsupported", "failed")
 REQUIRED_KEYS = ("status", "reason", "case", "metrics", "env")
@@ -208,8 +208,9 @@ def write_record(record: Record | dict, path) -> Path:
 def read_record(path) -> Record:
     """Read and validate a record file; :class:`RecordError` names the file on any problem."""
     try:
-        with open(path) as handle:
-            data = json.load(handle)
+        data = json.loads(textfile.read_text(path))
+    except textfile.NotTextError as err:
+        raise RecordError(f"cannot read record: {err}") from None
     except (OSError, json.JSONDecodeError) as err:
         raise RecordError(f"{path}: cannot read record: {err}") from None
     if not isinstance(data, dict):

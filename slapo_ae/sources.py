@@ -35,25 +35,27 @@ NOT_RUN = ("slapo_ae/sources.py", "slapo_ae/analysis", "slapo_ae/tuning.py",
            "slapo_ae/harness/tune.py")
 SRUN_CASE = "scripts/srun_case.sh"  # how the agents of a case on several nodes start under srun
 AUTOTUNE = "slapo/autotune"  # the search: run by a tuning's rounds, never by a case
+# What reading the zoo's model configs imports (slapo_ae/zoo/configs.py and its rules)
+ZOO_CONFIGS = ("paths", "textfile", "zoo/configs", "zoo/fields")
 # The modules of slapo_ae each analysis step imports (module-level), its own first.
 ANALYSIS_STEPS = {
-    "aggregate": ("analysis/aggregate", "atomic", "paths", "zoo/configs"),
-    "plots": ("analysis/plots", "analysis/aggregate", "atomic", "paths", "zoo/configs"),
-    "table4": ("analysis/table4", "analysis/loc", "paths", "sources", "zoo/configs"),
-    "claims": ("analysis/claims", "analysis/aggregate", "atomic", "paths", "zoo/configs"),
+    "aggregate": ("analysis/aggregate", "atomic", *ZOO_CONFIGS),
+    "plots": ("analysis/plots", "analysis/aggregate", "atomic", *ZOO_CONFIGS),
+    "table4": ("analysis/table4", "analysis/loc", "sources", *ZOO_CONFIGS),
+    "claims": ("analysis/claims", "analysis/aggregate", "atomic", *ZOO_CONFIGS),
     "gaps": ("analysis/gaps", "analysis/claims", "analysis/aggregate", "analysis/rerun",
-             "atomic", "paths", "zoo/configs"),
+             "atomic", *ZOO_CONFIGS),
     "recheck": ("analysis/recheck", "analysis/gaps", "analysis/claims", "analysis/aggregate",
-                "analysis/rerun", "atomic", "paths", "zoo/configs"),
-    "autotune": ("analysis/autotune", "atomic", "case", "cfg", "expr", "paths", "record",
-                 "tuning", "zoo/configs"),
+                "analysis/rerun", "atomic", *ZOO_CONFIGS),
+    "autotune": ("analysis/autotune", "atomic", "case", "cfg", "expr", "record", "tuning",
+                 *ZOO_CONFIGS),
 }
 RERUNS_CASES = ("gaps", "recheck")  # analysis steps that run cases: the case code is input
 # What a tuning's round job runs (slapo_ae/harness/tune.py): the spec reader, the records and
 # the search of slapo/autotune (with slapo's logger). Editing them reruns the rounds, which
 # are cheap; the trials are cases, cached by their own sources.
-TUNING_MODULES = ("harness/tune", "tuning", "atomic", "case", "cfg", "expr", "paths", "record",
-                  "zoo/configs")
+TUNING_MODULES = ("harness/tune", "tuning", "atomic", "case", "cfg", "expr", "record",
+                  *ZOO_CONFIGS)
 
 
 def _py_files(root: Path, folder: str) -> list[str]:

@@ -38,7 +38,7 @@ import re
 import shlex
 from pathlib import Path
 
-from slapo_ae import expr
+from slapo_ae import expr, textfile
 from slapo_ae.case import MAX_MEMORY_PER_RANK, MAX_STEPS, Case
 from slapo_ae.cfg import CfgError, parse_cfg_text
 
@@ -138,9 +138,11 @@ def _load(path: Path):
     import yaml
 
     try:
-        text = path.read_text()
+        text = textfile.read_text(path)
     except OSError as err:
         raise TuningError(f"{path}: cannot read: {err.strerror or err}") from None
+    except textfile.NotTextError as err:
+        raise TuningError(str(err)) from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         value = yaml.safe_load(text)

@@ -35,7 +35,7 @@ import os
 import sys
 from pathlib import Path
 
-from slapo_ae import gpus
+from slapo_ae import gpus, textfile
 from slapo_ae.case import Case
 from slapo_ae.cfg import CfgError, parse_cfg
 from slapo_ae.harness.runner import (  # a light module
@@ -241,9 +241,11 @@ def check_yaml(path: str | Path) -> None:
 
     path = Path(path)
     try:
-        yaml.safe_load(path.read_text())
+        yaml.safe_load(textfile.read_text(path))
     except FileNotFoundError:
         return
+    except textfile.NotTextError as err:
+        raise PlanError(str(err)) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -410,7 +412,7 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default="configs/config.yaml")
     parser.add_argument("--profile", default=None, help="override the config's profile")
     args = parser.parse_args(argv)
-    config = yaml.safe_load(Path(args.config).read_text())
+    config = yaml.safe_load(textfile.read_text(args.config))
     if args.profile:
         config["profile"] = args.profile
     settings = resolve(config)

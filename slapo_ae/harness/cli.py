@@ -8,26 +8,25 @@
                     [--cores C] [--profile DIR]
 
 ``cases`` expands a cfg file into its cases, or exits 2 with ``file:line: message`` lines.
-``run`` runs one case on N ranks and writes its record; it exits 0 whenever a record was
-written (whatever its status), 2 on a usage error (no record), 128+signal when interrupted.
-See docs/harness.md.
+``run`` runs one case on N ranks and writes its record; its exit status says the record's
+status (:data:`EXIT_STATUS`: 0 only for ``ok``), 2 a usage error (no record), 128 + signal
+an interruption (one line, no traceback; the ranks are stopped). See docs/harness.md.
+
+A Ctrl-C ends in that one line from the moment this module runs: it imports only what the
+interpreter has already loaded, and :func:`main` imports the rest inside its guard.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import os
 import signal
 import sys
 from pathlib import Path
 
-from slapo_ae import case as _case
-from slapo_ae import cfg as _cfg
-from slapo_ae.harness.runspec import RunSpec, default_timeout
-from slapo_ae.harness.threads import default_cores
-
 EXIT_USAGE = 2
+# the exit status of `run` by the status of the record it wrote: a script (or a shell's `&&`)
+# tells ok from not ok by it alone. 1 is left to Python (an error of the harness itself that
+# left no record) and 2 to usage errors (argparse's too).
+EXIT_STATUS = {"ok": 0, "failed": 3, "oom": 4, "unsupported": 5}
 
 
 class UsageError(Exception):
@@ -42,6 +41,8 @@ def _known_models() -> list[str]:
 
 # -- cases ------------------------------------------------------------------------------
 def cmd_cases(args) -> int:
+    from slapo_ae import cfg as _cfg
+
     try:
         found = _cfg.parse_cfg(args.cfg, max_gpus=args.max_gpus,
                                known_models=None if args.no_model_check else _known_models())
@@ -53,6 +54,8 @@ def cmd_cases(args) -> int:
         print(f"{args.cfg}: cannot read: {err.strerror or err}", file=sys.stderr)
         return EXIT_USAGE
     if args.format == "json":
+        import json
+
         json.dump([case.to_record() for case in found], sys.stdout, indent=2)
         print()
     else:
@@ -70,8 +73,13 @@ def _resolve_device(choice: str) -> str:
     return "cuda" if gpus.visible_gpus() else "cpu"
 
 
-def spec_from_args(args) -> RunSpec:
+def spec_from_args(args):
     """Validate the ``run`` options into a :class:`RunSpec` (``UsageError`` on bad input)."""
+    import math
+
+    from slapo_ae import case as _case
+    from slapo_ae.harness.runspec import RunSpec, default_timeout
+    from slapo_ae.harness.threads import default_cores
     from slapo_ae.zoo import configs
 
     try:
@@ -130,28 +138,31 @@ def _writable(flag: str, folder: Path) -> None:
 
 
 def cmd_run(args) -> int:
+    from slapo_ae.harness.supervise import Interrupted
+
+    spec = None
     try:
         from slapo_ae.harness import launch
 
         spec = spec_from_args(args)
+        try:
+            record = launch.run(spec)
+        except Exception as err:  # the harness's own bug or environment: still leave a record
+            import traceback
+
+            from slapo_ae.record import write_record
+
+            traceback.print_exc()
+            record = spec.non_ok_record("failed", f"harness error: {type(err).__name__}: {err}\n"
+                                                  f"{traceback.format_exc()}")
+            write_record(record, spec.out)
     except UsageError as err:
         print(f"slapo-bench run: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # Ctrl-C during the imports and checks: no rank has started
-        print("slapo-bench run: interrupted before any rank started; no record written",
-              file=sys.stderr)
-        return 128 + signal.SIGINT
-    try:
-        record = launch.run(spec)
-    except Exception as err:  # the harness's own bug or environment: still leave a record
-        import traceback
-
-        from slapo_ae.record import write_record
-
-        traceback.print_exc()
-        record = spec.non_ok_record("failed", f"harness error: {type(err).__name__}: {err}\n"
-                                              f"{traceback.format_exc()}")
-        write_record(record, spec.out)
+    except KeyboardInterrupt as err:  # no rank runs: before the launch, or after it
+        return interrupted("slapo-bench run", getattr(err, "signum", signal.SIGINT), spec)
+    except Interrupted as err:  # a stop signal while the ranks ran: the supervisor stopped them
+        return interrupted("slapo-bench run", err.signum, spec, ranks_stopped=True)
     if record is None:
         if not args.quiet:
             print(f"{spec.case_dict()['id']}: this node's ranks finished; the node of rank 0 "
@@ -162,11 +173,30 @@ def cmd_run(args) -> int:
         what = (f"{m.samples_per_s:.3f} samples/s" if record.status == "ok"
                 else record.reason.splitlines()[0] if record.reason else "")
         print(f"{record.id}: {record.status}: {what} -> {spec.out}")
-    return 0
+    return EXIT_STATUS[record.status]
+
+
+def interrupted(prog: str, signum: int, spec=None, ranks_stopped: bool = False) -> int:
+    """Say in one line what an interruption left behind; the exit status 128 + ``signum``."""
+    if spec is None or spec.launch_time is None:
+        when = " before any rank started"
+    else:
+        when = "; its ranks were stopped" if ranks_stopped else ""
+    written = None
+    if spec is not None:
+        from slapo_ae.harness.launch import own_record
+
+        # a record this launch wrote before the interruption is a finished result
+        written = spec.out if own_record(spec) is not None else None
+    left = f"its record {written} was written before" if written else "no record written"
+    print(f"{prog}: interrupted{when}; {left}", file=sys.stderr)
+    return 128 + signum
 
 
 # -- parser -----------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="slapo-bench", description="Slapo artifact-evaluation benchmark harness")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -182,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cases)
 
     p = sub.add_parser("run", help="run one case on N ranks and write its record")
+    from slapo_ae import case as _case
+
     _case.add_arguments(p)
     p.add_argument("--out", required=True, help="record path (.json), written atomically")
     p.add_argument("--log", default=None, help="log of all ranks (default: OUT with .log)")
@@ -204,9 +236,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while no rank runs, handled as a Ctrl-C: a file being written is
+    removed (slapo_ae/atomic.py), where the default action would leave its temporary behind.
+    The case runner stops the other agents of a case on several nodes this way when one of
+    them exits with a status other than 0. While the ranks run, the supervisor's own handlers
+    stop them first (slapo_ae/harness/supervise.py)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except KeyboardInterrupt as err:  # while the program starts, or while `cases` reads
+        signum = getattr(err, "signum", signal.SIGINT)
+        if argv[:1] == ["run"]:
+            return interrupted("slapo-bench run", signum)
+        print("slapo-bench: interrupted", file=sys.stderr)
+        return 128 + signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

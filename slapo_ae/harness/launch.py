@@ -34,7 +34,7 @@ from pathlib import Path
 
 from slapo_ae import gpus, paths
 from slapo_ae.harness.runspec import RunSpec
-from slapo_ae.harness.supervise import Interrupted, supervise_all
+from slapo_ae.harness.supervise import supervise_all
 from slapo_ae.harness.threads import cpu_rank_limit, proc_number, thread_env
 from slapo_ae.record import Record, RecordError, read_record, write_record
 
@@ -132,7 +132,7 @@ def _read_rank_files(rundir: Path) -> list[dict]:
     return sorted(found, key=lambda r: r.get("time", 0))
 
 
-def _own_record(spec: RunSpec) -> Record | None:
+def own_record(spec: RunSpec) -> Record | None:
     """The record at ``spec.out`` if rank 0 of this launch wrote it."""
     if not Path(spec.out).exists():
         return None
@@ -168,7 +168,7 @@ def conclude(spec: RunSpec, rc: int | None, timed_out: bool, rundir: Path,
     """The record of a finished (or killed) launch: rank 0's own, or one made here.
     ``oom_killed``: the kernel's OOM-kill count before and after the launch, when it rose (a
     rank that memory ran out for dies by SIGKILL, leaving no status of its own)."""
-    own = _own_record(spec)
+    own = own_record(spec)
     if own is not None:
         return own
     ranks = _read_rank_files(rundir)
@@ -226,24 +226,22 @@ def launch(spec: RunSpec) -> Record | None:
                       f"(timeout {spec.timeout:g} s)\n")
             log.flush()
             kills_before = oom_kills()
-            try:
-                outcome = supervise_all([c for c, _ in started], envs=[e for _, e in started],
-                                        timeout=spec.timeout, stdout=log)
-            except Interrupted as err:  # the job was cancelled: the ranks are stopped
-                raise SystemExit(128 + err.signum) from None
+            # a stop signal raises Interrupted once the ranks are stopped (the CLI says so)
+            outcome = supervise_all([c for c, _ in started], envs=[e for _, e in started],
+                                    timeout=spec.timeout, stdout=log)
             rc, timed_out = outcome.returncode, outcome.timed_out
             ended = _exit_text(rc) if rc is not None else "was killed"
             log.write(f"# slapo-bench: {launcher(spec) if rc else 'the ranks'} {ended}"
                       f"{' after the timeout' if timed_out else ''}\n")
         kills_after = oom_kills()
         if (spec.case.nodes > 1 and rc == 0 and not timed_out
-                and _own_record(spec) is None):
+                and own_record(spec) is None):
             return None  # rank 0 ran on another node
         rose = (kills_before is not None and kills_after is not None
                 and kills_after > kills_before)
         record = conclude(spec, rc, timed_out, rundir,
                           (kills_before, kills_after) if rose else None)
-        if _own_record(spec) is None:
+        if own_record(spec) is None:
             write_record(record, spec.out)
         return record
     finally:

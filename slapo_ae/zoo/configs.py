@@ -12,7 +12,8 @@ Each JSON holds the model's real config fields plus one project key:
                "description": "...", "paper_label": "BERT-1B" (optional)}
 
 This is the one reader of those files: the planner (at DAG time), the analysis and the
-harness all ask it.
+harness all ask it. It holds them, and a case's overrides of them (`check_overrides`), to the
+rules of `fields.py`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slapo_ae import paths
+from slapo_ae import paths, textfile
+from slapo_ae.zoo import fields
 
 FAMILIES = ("bert", "roberta", "gpt_neo", "opt", "t5", "llama", "wideresnet")
 ENV_CONFIG_DIR = "SLAPO_MODEL_CONFIGS"
@@ -60,11 +62,15 @@ def load_config(name: str) -> dict[str, Any]:
     """The model's JSON config as a dict, the `_slapo` section included.
 
     Raises `KeyError` (listing known names) for an unknown model and `ValueError` naming the
-    file for malformed JSON or a missing/invalid `_slapo` section.
+    file for a file that is not UTF-8 text, malformed JSON, a missing/invalid `_slapo` section
+    or a field that breaks its rule (`fields.py`: a BERT of no layers, heads that do not
+    divide the hidden size, ...).
     """
     path = _config_path(name)
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(textfile.read_text(path))
+    except textfile.NotTextError as e:
+        raise ValueError(f"malformed model config {e}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"malformed model config {path}: {e}") from e
     meta = cfg.get(PROJECT_KEY) if isinstance(cfg, dict) else None
@@ -75,7 +81,26 @@ def load_config(name: str) -> dict[str, Any]:
         )
     if "model_type" not in cfg:
         raise ValueError(f"model config {path} has no 'model_type'")
+    try:
+        fields.check(meta["family"], cfg)
+    except fields.FieldError as e:
+        raise ValueError(f"model config {path}: {e}") from None
     return cfg
+
+
+def check_overrides(name: str, overrides: dict) -> None:
+    """Raise `ValueError` naming the override and the rule it breaks when the model's config
+    with ``overrides`` (config fields, e.g. ``{"num_hidden_layers": 0}``) would make no model
+    or a meaningless one (:mod:`slapo_ae.zoo.fields`); `KeyError` for an unknown model. A
+    key that no rule knows is left to the config class (`registry.hf_config`)."""
+    cfg = load_config(name)
+    family = cfg[PROJECT_KEY]["family"]
+    try:
+        fields.check(family, fields.merged(family, cfg, overrides))
+    except fields.FieldError as e:
+        blamed = [k for k in overrides if fields.canonical(family, k) in e.fields]
+        given = " ".join(f"{k}={json.dumps(overrides[k])}" for k in blamed[:1] or overrides)
+        raise ValueError(f"override {given} of {name}: {e}") from None
 
 
 def model_family(name: str) -> str:

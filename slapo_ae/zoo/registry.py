@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .configs import PROJECT_KEY, load_config, model_family
+from .fields import ACTIVATIONS
 from .wideresnet import WideResNetConfig
 
 
@@ -29,7 +30,8 @@ def hf_config(name: str, **overrides: Any):
 
     `overrides` replace fields of the JSON (e.g. `hidden_dropout_prob=0.0`); a key that is
     neither in the JSON nor an attribute of the config class raises `TypeError`, so a typo is
-    not silently ignored.
+    not silently ignored, and an activation that transformers does not know `ValueError`.
+    The rules of the fields' values are `fields.py`'s, checked by `configs.check_overrides`.
     """
     cfg = load_config(name)
     fields = {k: v for k, v in cfg.items() if k not in (PROJECT_KEY, "model_type")}
@@ -47,7 +49,16 @@ def hf_config(name: str, **overrides: Any):
     if unknown:
         raise TypeError(f"{name}: unknown config override(s) {unknown}")
     fields.update(overrides)
-    return config_cls(**fields)
+    config = config_cls(**fields)
+    activation = ACTIVATIONS.get(cfg[PROJECT_KEY]["family"])
+    if activation:  # else every rank fails to build the model, after the launch
+        from transformers.activations import ACT2FN
+
+        built, given = activation
+        if getattr(config, built, None) not in ACT2FN:
+            raise ValueError(f"{name}: {given} {getattr(config, given, None)!r} names no "
+                             f"activation transformers knows ({', '.join(sorted(ACT2FN))})")
+    return config
 
 
 def no_dropout(name: str) -> dict[str, float]:

@@ -38,9 +38,13 @@ def slapo_bench(*args, timeout: float = 1200, **env_extra) -> subprocess.Complet
 
 
 def run_case(out: Path, *args, **env_extra):
-    """``slapo-bench run ... --out OUT`` on CPU; returns (completed process, record)."""
+    """``slapo-bench run ... --out OUT`` on CPU; returns (completed process, record). The exit
+    status must be the one of the record's status."""
+    from slapo_ae.harness.cli import EXIT_STATUS
     from slapo_ae.record import read_record
 
     proc = slapo_bench("run", "--device", "cpu", "--out", out, *args, **env_extra)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, read_record(out)
+    assert out.is_file(), f"no record (exit status {proc.returncode}): {proc.stderr[-3000:]}"
+    record = read_record(out)
+    assert proc.returncode == EXIT_STATUS[record.status], (record.status, proc.stderr[-3000:])
+    return proc, record

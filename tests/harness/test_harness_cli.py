@@ -1,12 +1,18 @@
-"""The harness CLI without training: ``cases``, usage errors, cases recorded as unsupported
-before any rank starts, and the parent's verdict on dead ranks (from status files)."""
+"""The harness CLI without training: ``cases``, usage errors (overrides that break their
+rule, files that are not text), cases recorded as unsupported before any rank starts, the exit
+status of each record's status, and the parent's verdict on dead ranks (from status files);
+and a Ctrl-C at the first moments of a run (slow: it starts ranks, then stops them)."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from harness_util import TINY, slapo_bench
+from harness_util import REPO, TINY, env, slapo_bench
 
 from slapo_ae.case import Case
 from slapo_ae.harness import cli
@@ -72,7 +78,8 @@ def test_run_unknown_model_is_a_clear_usage_error(tmp_path, capsys):
     (["--mode", "eager", "--override", "hidden_sise=64"], "--override"),
     # values the ranks would fail on after the launch: refused here, before it
     (["--mode", "eager", "--override", "hidden_size=abc"],
-     "Field 'hidden_size' expected int, got str (value: 'abc')"),
+     "override hidden_size=\"abc\" of bert-tiny: hidden_size must be a positive integer (a "
+     "size or count), got 'abc'"),
     (["--mode", "eager", "--timeout", "inf"], "--timeout must be a positive number of seconds"),
     (["--mode", "eager", "--timeout", "nan"], "--timeout must be a positive number of seconds"),
     (["--mode", "eager", "--lr", "nan"], "--lr must be a positive number"),
@@ -118,6 +125,176 @@ def test_ctrl_c_before_the_ranks_start_is_one_line_and_no_record(tmp_path, capsy
     assert err == ("slapo-bench run: interrupted before any rank started; "
                    "no record written\n")
     assert not out.exists()
+
+
+# -- Ctrl-C from the first moment ---------------------------------------------------------
+def _moment_reached(proc, moment: str, out: Path, stderr: list[str]) -> None:
+    """Wait until ``proc`` (``python -X importtime -m slapo_ae.harness.cli run``) reaches
+    ``moment``: an artifact module imported (importtime prints each import as it ends), the
+    log created (the launch begins), or a rank's first line in the log (the ranks run)."""
+    if moment.startswith("slapo_ae"):
+        for line in proc.stderr:  # the parent's stderr: importtime's lines, in order
+            stderr.append(line)
+            if line.startswith("import time:") and line.split("|")[-1].strip() == moment:
+                return
+        raise AssertionError(f"the harness ended before importing {moment}: {stderr[-5:]}")
+    log = out.with_suffix(".log")
+    for _ in range(1200):  # a bounded wait for the launch, never a timing assertion
+        text = log.read_text() if log.exists() else None
+        if text is not None and (moment == "log" or "[slapo-bench rank" in text):
+            return
+        assert proc.poll() is None, "the harness ended before the moment"
+        time.sleep(0.1)
+    raise AssertionError(f"no {moment} after 120 s")
+
+
+def _processes_naming(text: str) -> list[str]:
+    found = []
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            if text in (proc_dir / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(proc_dir.name)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment, sig", [
+    ("slapo_ae.case", signal.SIGINT),  # argparse's options of the case: the first import
+    ("slapo_ae.zoo.configs", signal.SIGINT),  # the case is being checked
+    ("slapo_ae.zoo.configs", signal.SIGTERM),  # as the case runner stops an agent
+    ("slapo_ae.harness.launch", signal.SIGINT),  # the launcher, just before the case's check
+    ("log", signal.SIGINT),  # the launch has begun: the ranks are starting
+    ("rank", signal.SIGINT),  # a rank runs (imports torch)
+    ("rank", signal.SIGTERM),
+])
+def test_ctrl_c_in_the_first_moments_is_one_line_and_leaves_no_rank(tmp_path, moment, sig):
+    """Interrupted at any moment before its record, ``slapo-bench run`` prints one line (no
+    traceback), exits 128 + signal and leaves no rank behind and no record. The moments are
+    events of the run, so that a loaded machine reaches each of them, only later."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-X", "importtime", "-m", "slapo_ae.harness.cli", "run",
+           "--device", "cpu", "--mode", "eager", "--model", "bert-tiny", *TINY,
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    stderr: list[str] = []
+    try:
+        _moment_reached(proc, moment, out, stderr)
+        proc.send_signal(sig)
+        _, rest = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    lines = [line for line in "".join(stderr).splitlines() + rest.splitlines()
+             if not line.startswith("import time:")]
+    assert proc.returncode == 128 + sig, lines
+    assert len(lines) == 1 and lines[0].startswith("slapo-bench run: interrupted"), lines
+    assert lines[0].endswith("; no record written")
+    if moment.startswith("slapo_ae") and moment != "slapo_ae.harness.launch":
+        assert lines[0] == ("slapo-bench run: interrupted before any rank started; "
+                            "no record written")
+    if moment == "rank":
+        assert "; its ranks were stopped;" in lines[0]
+    assert not out.exists()
+    for _ in range(300):  # the ranks name the record in their --spec
+        if not _processes_naming(str(out)):
+            break
+        time.sleep(0.1)
+    assert not _processes_naming(str(out))
+
+
+def test_an_interruption_after_the_record_says_it_was_kept(tmp_path, capsys):
+    from slapo_ae.record import write_record
+
+    spec = _spec(tmp_path)
+    write_record(spec.non_ok_record("unsupported", "a reason"), spec.out)
+    assert cli.interrupted("slapo-bench run", signal.SIGINT, spec) == 130
+    assert capsys.readouterr().err == (f"slapo-bench run: interrupted; its record {spec.out} "
+                                       "was written before\n")
+
+
+# -- exit status ---------------------------------------------------------------------------
+@pytest.mark.parametrize("status, code", [("ok", 0), ("failed", 3), ("oom", 4),
+                                          ("unsupported", 5)])
+def test_the_exit_status_says_the_records_status(tmp_path, monkeypatch, status, code):
+    from slapo_ae.harness import launch
+    from slapo_ae.record import Record, write_record
+
+    def run(spec):
+        record = Record(status=status, case=spec.case_dict(), reason="" if status == "ok"
+                        else "why", metrics={"samples_per_s": 1.0 if status == "ok" else None})
+        write_record(record, spec.out)
+        return record
+
+    monkeypatch.setattr(launch, "run", run)
+    out = tmp_path / "r.json"
+    assert cli.main(["run", "--mode", "eager", "--model", "bert-tiny", *TINY, "--device", "cpu",
+                     "--out", str(out), "--quiet"]) == code
+    assert read_record(out).status == status
+
+
+def test_an_unsupported_case_exits_5_from_the_command_line(tmp_path):
+    proc = slapo_bench("run", "--device", "cpu", "--mode", "torchscript", "--model", "bert-tiny",
+                       *TINY, "--out", tmp_path / "r.json")
+    assert proc.returncode == 5 and read_record(tmp_path / "r.json").status == "unsupported"
+    assert proc.stderr == ""
+
+
+# -- model-config overrides ----------------------------------------------------------------
+@pytest.mark.parametrize("model, override, message", [
+    ("bert-tiny", "num_hidden_layers=0", "override num_hidden_layers=0 of bert-tiny: "
+     "num_hidden_layers must be a positive integer (a size or count), got 0"),
+    ("bert-tiny", "num_hidden_layers=-1", "override num_hidden_layers=-1 of bert-tiny: "
+     "num_hidden_layers must be a positive integer (a size or count), got -1"),
+    ("bert-tiny", "hidden_size=-64", "override hidden_size=-64 of bert-tiny: hidden_size must "
+     "be a positive integer (a size or count), got -64"),
+    ("bert-tiny", "vocab_size=-5", "override vocab_size=-5 of bert-tiny: vocab_size must be a "
+     "positive integer (a size or count), got -5"),
+    ("bert-tiny", "num_attention_heads=0", "override num_attention_heads=0 of bert-tiny: "
+     "num_attention_heads must be a positive integer (a size or count), got 0"),
+    ("bert-tiny", "hidden_dropout_prob=2", "override hidden_dropout_prob=2 of bert-tiny: "
+     "hidden_dropout_prob must be a probability in [0, 1], got 2"),
+    ("bert-tiny", "hidden_size=130", "override hidden_size=130 of bert-tiny: "
+     "num_attention_heads 4 does not divide hidden_size 130 (each head takes hidden_size / "
+     "num_attention_heads)"),
+    ("bert-tiny", "vocab_size=0.5", "override vocab_size=0.5 of bert-tiny: vocab_size must be "
+     "a positive integer (a size or count), got 0.5"),
+    ("bert-tiny", 'hidden_act="nope"', "--override: bert-tiny: hidden_act 'nope' names no "
+     "activation transformers knows"),
+    # aliases: T5's num_hidden_layers is its num_layers
+    ("t5-tiny", "num_hidden_layers=0", "override num_hidden_layers=0 of t5-tiny: num_layers "
+     "must be a positive integer (a size or count), got 0"),
+    ("gpt-neo-tiny", "num_layers=3", "override num_layers=3 of gpt-neo-tiny: num_layers 3 is "
+     "not the 2 layers attention_types names (one kind of attention per layer)"),
+    ("llama-tiny", "num_key_value_heads=3", "override num_key_value_heads=3 of llama-tiny: "
+     "num_key_value_heads 3 does not divide num_attention_heads 4"),
+    ("opt-tiny", "layerdrop=1.5", "override layerdrop=1.5 of opt-tiny: layerdrop must be a "
+     "probability in [0, 1], got 1.5"),
+    ("wideresnet-tiny", "layers=[1, 0, 1, 1]", "override layers=[1, 0, 1, 1] of "
+     "wideresnet-tiny: layers must be a non-empty list of positive integers"),
+])
+def test_overrides_that_make_no_model_are_refused_before_anything_runs(tmp_path, capsys, model,
+                                                                       override, message):
+    out = tmp_path / "r.json"
+    argv = ["run", "--mode", "eager", "--model", model, "--gpus", "1", "--seq-len", "16",
+            "--dec-seq-len", "8" if model.startswith("t5") else "0", "--batch-size", "2",
+            "--steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out),
+            "--override", override]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"slapo-bench run: error: {message}") and len(err.splitlines()) == 1
+    assert not out.exists() and not out.with_suffix(".log").exists()
+
+
+# -- files that are not text ---------------------------------------------------------------
+def test_cases_refuses_a_file_that_is_not_text_in_one_line(tmp_path):
+    cfg = tmp_path / "random.cfg"
+    cfg.write_bytes(b"eager bert-tiny 1 16 0 2 0\n" + bytes(range(128, 256)) * 24)
+    proc = slapo_bench("cases", cfg)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == (f"{cfg}: not UTF-8 text: byte 0x80 at offset 27 cannot be decoded "
+                           "(invalid start byte)\n")
 
 
 def test_the_data_parallel_modes_are_the_systems_that_split_the_batch():
@@ -183,7 +360,7 @@ def test_unsupported_is_recorded_without_launching(tmp_path, capsys, mode, model
     out = tmp_path / "r.json"
     rc = cli.main(["run", "--mode", mode, "--model", model, *TINY, "--device", "cpu",
                    "--out", str(out), "--case-id", "my-id", *extra])
-    assert rc == 0
+    assert rc == cli.EXIT_STATUS["unsupported"] == 5
     record = read_record(out)
     assert record.status == "unsupported" and reason in record.reason
     assert record.id == "my-id"
@@ -292,7 +469,7 @@ def test_a_bug_in_the_harness_itself_still_leaves_a_failed_record(tmp_path, monk
     monkeypatch.setattr(launch, "run", broken)
     out = tmp_path / "r.json"
     assert cli.main(["run", "--mode", "eager", "--model", "bert-tiny", *TINY, "--device", "cpu",
-                     "--out", str(out)]) == 0
+                     "--out", str(out)]) == cli.EXIT_STATUS["failed"]
     record = read_record(out)
     assert record.status == "failed"
     assert record.reason.startswith("harness error: KeyError: 'a bug'")

@@ -1,9 +1,10 @@
 """Failures are data: a crashing rank, a rank out of memory and a hung collective each end in
-one record (``failed``/``oom``), and ``run`` still exits 0.
+one record (``failed``/``oom``), and ``run``'s exit status says which (3, 4: cli.EXIT_STATUS).
 
-The crash is a real one: a hidden size that bert-tiny's 4 attention heads do not divide,
-which the config accepts and the model refuses as each rank builds it (a sequence past the
-model's positions, the crash here before, is now refused before the launch). The OOM and the
+The crash is a real one: bert-tiny's attention split over 3 tensor-parallel ranks, which
+Slapo's sharding refuses in each rank (128 is not divisible by 3). A config that breaks a
+rule (a hidden size the heads do not divide, the crash here before) is now refused before
+the launch. The OOM and the
 hang are injected on rank 1 just before set-up with ``SLAPO_BENCH_FAULT=<kind>@1:setup``
 (slapo_ae/harness/worker.py), which keeps those launches short: rank 0 goes on and blocks in
 DDP's first broadcast, waiting for rank 1.
@@ -19,11 +20,12 @@ pytestmark = pytest.mark.slow
 
 
 def test_crashing_rank_gives_failed_with_traceback_and_log_tail(tmp_path):
-    _, record = run_case(tmp_path / "r.json", "--mode", "eager", "--model", "bert-tiny", *TINY,
-                         "--override", "hidden_size=130")  # 4 heads do not divide 130
-    assert record.status == "failed"
+    proc, record = run_case(tmp_path / "r.json", "--mode", "slapo-tp-full", "--model",
+                            "bert-tiny", "--gpus", "3", "--seq-len", "16", "--batch-size", "3",
+                            "--steps", "3", "--warmup", "1")
+    assert record.status == "failed" and proc.returncode == 3
     head = record.reason.splitlines()[0]
-    assert head.startswith("rank ") and "ValueError" in head and "130" in head
+    assert head.startswith("rank ") and "ValueError" in head and "not divisible by 3" in head
     assert "(a rank exited with code 1)" in head
     assert "traceback ---" in record.reason and "--- log tail" in record.reason
     assert record.metrics.samples_per_s is None and record.log_path.endswith("r.log")

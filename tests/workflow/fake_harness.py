@@ -3,14 +3,16 @@
     python tests/workflow/fake_harness.py run --mode M --model X ... --out REC.json --log L
 
 It writes a valid record at once, with a made-up throughput that depends only on the case
-(so tests can predict the figures and claims). What it does per case is steered by the JSON
-file named in ``$FAKE_HARNESS_PLAN``, keyed by case id, mode or ``"*"`` (and ``"node<i>"`` for
-agent ``i`` of a case on several nodes, applied last)::
+(so tests can predict the figures and claims), and exits as the harness does: with the exit
+status of the record's status (``slapo_ae.harness.cli.EXIT_STATUS``). What it does per case
+is steered by the JSON file named in ``$FAKE_HARNESS_PLAN``, keyed by case id, mode or
+``"*"`` (and ``"node<i>"`` for agent ``i`` of a case on several nodes, applied last)::
 
     {"<case-id>": {"sleep": 5, "status": "failed", "reason": "...", "crash": true,
                    "samples_per_s": 3.0}}
 
-``crash``: exit 3 without a record (the runner must then record the failure); ``linger``:
+``crash``: exit 1 without a record, as a harness that broke would (the runner must then
+record the failure); ``linger``:
 seconds to wait after writing the record, as the harness does while its ranks shut down. Every call
 appends one JSON line ``{case_id, start, end, cuda_visible_devices, pid, rdzv_endpoint, log}``
 to ``$FAKE_HARNESS_TRACE`` when that is set (used to check GPU packing and the agents of a
@@ -30,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the copy's slapo_ae
 
 from slapo_ae import case as case_options  # noqa: E402
+from slapo_ae.harness.cli import EXIT_STATUS  # noqa: E402
 from slapo_ae.record import Record, write_record  # noqa: E402
 
 RATES = {"megatron": 10.0, "deepspeed": 12.0, "slapo-megatron": 15.0, "slapo-deepspeed": 14.0,
@@ -71,7 +74,7 @@ def main(argv=None) -> int:
                                     "log": args.log}) + "\n")
     if todo.get("crash"):
         print("fake harness: crashing as planned", file=sys.stderr)
-        return 3
+        return 1
     if case.nodes > 1 and node > 0:
         print("fake harness: this node's ranks finished; the node of rank 0 writes the record")
         return 0
@@ -89,7 +92,7 @@ def main(argv=None) -> int:
     write_record(Record(status=status, case=record_case, reason=todo.get("reason", ""),
                         metrics=metrics, env=env, log_path=args.log), args.out)
     time.sleep(float(todo.get("linger", 0)))
-    return 0
+    return EXIT_STATUS[status]
 
 
 if __name__ == "__main__":

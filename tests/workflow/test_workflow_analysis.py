@@ -87,8 +87,9 @@ def test_figure7_marks_every_non_ok_bar(tmp_path):
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles[:2] == ["BERT-1B (bert-xlarge)", "RoBERTa-1.3B (roberta-xlarge)"]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert legend[:4] == ["Megatron-LM", "DeepSpeed ZeRO-3", "Slapo-TP", "Slapo-ZeRO3"]
-    assert legend[4].startswith("X:")
+    assert legend == ["Megatron-LM", "DeepSpeed ZeRO-3", "Slapo-TP", "Slapo-ZeRO3"]
+    notes = [t.get_text() for t in fig.legends[1].get_texts()]
+    assert notes[0] == plots.WHISKER_NOTE and notes[1].startswith("X:")
     plots.save(fig, tmp_path / "e2e.pdf")
     assert (tmp_path / "e2e.pdf").read_bytes()[:4] == b"%PDF"
 
@@ -101,6 +102,52 @@ def test_figure9_labels_speedups_and_marks_failures(tmp_path):
     assert "1.00x" in labels and "1.40x" in labels and "2.20x" in labels
     assert "failed" in labels
     assert x_marks(fig) == 1
+
+
+def whiskers(ax) -> list[tuple[float, float, float]]:
+    """``(x, low, high)`` of each whisker an axis draws (errorbar's vertical segments)."""
+    found = []
+    for collection in ax.collections:
+        for (x0, y0), (x1, y1) in (seg[:2] for seg in collection.get_segments()
+                                     if len(seg) >= 2):
+            if x0 == x1:
+                found.append((round(float(x0), 6), float(min(y0, y1)), float(max(y0, y1))))
+    return sorted(found)
+
+
+def test_figures_7_and_9_whisker_each_bar_from_q1_to_q3_of_the_csv(tmp_path):
+    """The whiskers are the records' quartiles, read back from the CSV alone; a row without
+    quartiles is a bar without one, a case not ok has neither."""
+    paths = [rec(tmp_path, "e2e", "megatron", "bert-xlarge", 2, 10, quartiles=(9.0, 10.5)),
+             rec(tmp_path, "e2e", "deepspeed", "bert-xlarge", 2, 12, quartiles=(11.5, 13.0)),
+             rec(tmp_path, "e2e", "slapo-megatron", "bert-xlarge", 2, 15),  # no quartiles
+             rec(tmp_path, "e2e", "slapo-deepspeed", "bert-xlarge", 2, status="oom")]
+    csv = aggregate.write_csv(aggregate.table(paths), tmp_path / "e2e.csv")
+    ax = plots.figure7(pd.read_csv(csv)).axes[0]
+    width = 0.8 / 4
+    assert whiskers(ax) == [(round(-1.5 * width, 6), 9.0, 10.5),
+                            (round(-0.5 * width, 6), 11.5, 13.0)]
+    assert ax.get_ylim()[1] >= 13.0  # the highest whisker fits
+
+    steps = [("eager", 1, 5, (4.5, 5.5)), ("slapo-kernel", 1, 7, (6.0, 8.5)),
+             ("slapo-tp-attn-ffn", 2, None, None), ("slapo-tp-full", 2, 11, (10.0, 12.0))]
+    paths = [rec(tmp_path, "ablation", m, "bert-xlarge", g, r, status="ok" if r else "failed",
+                 quartiles=q) for m, g, r, q in steps]
+    csv = aggregate.write_csv(aggregate.ablation_table(paths), tmp_path / "ablation.csv")
+    ax = plots.figure9(pd.read_csv(csv)).axes[0]
+    assert whiskers(ax) == [(0, 4.5, 5.5), (1, 6.0, 8.5), (3, 10.0, 12.0)]
+    # each speedup label sits above its whisker
+    label = next(t for t in ax.texts if t.get_text() == "1.40x")
+    assert label.get_position()[1] > 8.5
+
+
+def test_figure8_whiskers_come_from_its_csv(tmp_path):
+    paths = [mrec(tmp_path, "megatron", "llama-7b", 16, 9.0, quartiles=(8.5, 9.5)),
+             mrec(tmp_path, "slapo-megatron", "llama-7b", 16, 11.0, quartiles=(10.0, 12.5))]
+    csv = aggregate.write_csv(aggregate.table(paths), tmp_path / "m.csv")
+    ax = plots.figure8(pd.read_csv(csv)).axes[0]
+    assert [(low, high) for _, low, high in whiskers(ax)] == [(8.5, 9.5), (10.0, 12.5)]
+    assert next(t for t in ax.texts if t.get_text() == "1.22x").get_position()[1] > 12.5
 
 
 def test_model_order_follows_the_paper():
@@ -288,7 +335,8 @@ def test_figure8_marks_non_ok_bars_prints_speedups_and_nodes(tmp_path):
                                                             "64\n8 x 8"]
     assert sorted(t.get_text() for t in ax.texts) == ["1.10x", "1.16x"]  # over the best baseline
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert legend[:3] == ["Megatron-LM", "DeepSpeed ZeRO-3", "Slapo"] and legend[3].startswith("X:")
+    assert legend == ["Megatron-LM", "DeepSpeed ZeRO-3", "Slapo"]
+    assert [t.get_text() for t in fig.legends[1].get_texts()][1].startswith("X:")
     plots.save(fig, tmp_path / "multinode.pdf")
     assert (tmp_path / "multinode.pdf").read_bytes()[:4] == b"%PDF"
     # a system without a case at a GPU count is an X as well

@@ -22,7 +22,7 @@ def test_failing_cases_give_rows_and_x_marks(repo):
     })
     repo.snakemake()
     crashed = read_record(repo.record("e2e", "deepspeed__gpt-neo-tiny__g1__s64__b2__c0"))
-    assert crashed.status == "failed" and "exited with code 3" in crashed.reason
+    assert crashed.status == "failed" and "exited with code 1" in crashed.reason
 
     e2e = pd.read_csv(repo.path / "results" / "e2e.csv")
     status = dict(zip(e2e["case_id"], e2e["status"]))

@@ -70,7 +70,7 @@ def test_a_failing_node_is_an_x_in_figure8(repo):
     repo.snakemake()
     for case_id in CASES:
         failed = read_record(repo.record("multinode", case_id))
-        assert failed.status == "failed" and "exited with code 3" in failed.reason
+        assert failed.status == "failed" and "exited with code 1" in failed.reason
     assert x_marks(plots.figure8(pd.read_csv(repo.path / "results" / "multinode.csv"))) == 3
     c2 = json.loads((repo.path / "results" / "claims.json").read_text())["claims"][1]
     assert c2["multi_node"]["verdict"] == "NOT-RUN"

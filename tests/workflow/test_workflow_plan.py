@@ -295,6 +295,22 @@ def test_a_bad_tuning_spec_is_a_plan_error_naming_it(tmp_path):
     assert lines[1] == "missing.yaml: no such tuning spec (profile x, autotune)"
 
 
+def test_files_of_the_plan_that_are_not_text_are_plan_errors_naming_the_byte(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_bytes(b"profile: cpu\n\x89PNG\r\n")
+    with pytest.raises(plan.PlanError, match=rf"^{config}: not UTF-8 text: byte 0x89 at offset "
+                                             "13 cannot be decoded"):
+        plan.check_yaml(config)
+    (tmp_path / "a.cfg").write_bytes(b"\xff\xfe")
+    (tmp_path / "t.yaml").write_bytes(b"case: \xe9")
+    settings = {"name": "x", "max_gpus": 2, "experiments": {"e2e": ["a.cfg"],
+                                                            "autotune": ["t.yaml"]}}
+    with pytest.raises(plan.PlanError, match=r"^a\.cfg: not UTF-8 text: byte 0xff at offset 0 "):
+        plan.load_cases(settings, tmp_path)
+    with pytest.raises(plan.PlanError, match=r"^t\.yaml: not UTF-8 text: byte 0xe9 at offset 6 "):
+        plan.load_tunings(settings, tmp_path)
+
+
 def test_steps_past_what_the_harness_runs_are_refused_at_start():
     """A profile's (or the smoke case's) steps past slapo-bench run's bound stop the workflow
     in one line, rather than every case failing in its job."""

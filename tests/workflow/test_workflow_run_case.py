@@ -62,12 +62,25 @@ def test_ok_record_from_harness(tmp_path, fake_plan):
     assert "CUDA_VISIBLE_DEVICES=''" in log.read_text()  # CPU ranks: CUDA hidden
 
 
+@pytest.mark.parametrize("status", ["failed", "oom", "unsupported"])
+def test_the_harness_record_is_kept_whatever_its_exit_status(tmp_path, fake_plan, status):
+    """The harness exits 3, 4 or 5 with a record that is not ok (cli.EXIT_STATUS): the runner
+    keeps that record, the harness's own reason in it, and exits 0, so the DAG goes on."""
+    fake_plan({"*": {"status": status, "reason": f"planned {status}"}})
+    out, log = tmp_path / "r.json", tmp_path / "r.log"
+    assert runner.run(case(), 60, str(out), str(log), HARNESS) == 0
+    rec = read_record(out)
+    assert (rec.status, rec.reason) == (status, f"planned {status}")
+    code = {"failed": 3, "oom": 4, "unsupported": 5}[status]
+    assert f"done: record at {out} (harness exit code {code})" in log.read_text()
+
+
 def test_crash_becomes_failed_record(tmp_path, fake_plan):
     fake_plan({"*": {"crash": True}})
     out, log = tmp_path / "r.json", tmp_path / "r.log"
     assert runner.run(case(), 60, str(out), str(log), HARNESS) == 0
     rec = read_record(out)
-    assert rec.status == "failed" and "exited with code 3" in rec.reason
+    assert rec.status == "failed" and "exited with code 1" in rec.reason
     assert rec.case["id"] == CASE_ID and rec.case["gpus"] == 2
     assert rec.log_path == str(log)
     assert rec.env["device_name"].startswith("cpu")
@@ -279,7 +292,7 @@ def test_a_failing_agent_stops_the_others(tmp_path, fake_plan):
     assert runner.run(case(gpus=4, nodes=2), 120, str(out), str(log), HARNESS) == 0
     assert time.monotonic() - t0 < 40
     rec = read_record(out)
-    assert rec.status == "failed" and "exited with code 3" in rec.reason
+    assert rec.status == "failed" and "exited with code 1" in rec.reason
     waiting = re.search(r"fake harness pid (\d+)", log.read_text())  # agent 0, before its sleep
     assert waiting and not alive(int(waiting.group(1)))
 

@@ -64,6 +64,21 @@ def test_broken_yaml_is_named_by_file_and_line(repo):
     assert "not valid YAML" in errors[0]
 
 
+def test_a_config_or_cfg_that_is_not_text_is_named_by_file_and_byte(repo):
+    path = repo.path / "configs" / "config.yaml"
+    text = path.read_bytes()
+    path.write_bytes(text + b"# \xff\n")
+    assert refused(repo.snakemake("-n", check=False)) == [
+        f"error: configs/config.yaml: not UTF-8 text: byte 0xff at offset {len(text) + 2} cannot "
+        "be decoded (invalid start byte)"]
+    path.write_bytes(text)
+    cfg = repo.path / "configs" / "e2e" / "test.cfg"
+    cfg.write_bytes(cfg.read_bytes() + b"\x00\x9c")
+    errors = refused(repo.snakemake("-n", check=False))
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: configs/e2e/test.cfg: not UTF-8 text: byte 0x9c at offset ")
+
+
 def test_bad_cfg_line_stops_the_dag_with_file_and_line(repo):
     cfg = repo.path / "configs" / "e2e" / "test.cfg"
     cfg.write_text(cfg.read_text() + "slapo-megatorn bert-tiny 2 64 0 4 0\n")
