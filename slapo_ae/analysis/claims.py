@@ -71,10 +71,11 @@ NOISE_RULE = ("A throughput comparison is decided only when it stands out of the
 BACK_TO_BACK_RULE = ("This machine's speed drifts between runs by more than within one. "
                      "A comparison's margin is q1 of the faster over q3 of the slower. "
                      "A decided comparison whose margin is below {below}x was run again, both "
-                     "cases back to back. Where that pair agreed, the case run first was run once more. The "
-                     "verdict stands only if the pair and the repeat give it too. Otherwise it "
-                     "is INCONCLUSIVE (not reproduced back to back). A point where Slapo is "
-                     "behind its own engine is always run again, whatever its margin.")
+                     "cases back to back. Where that pair agreed, the case run first was run "
+                     "once more. The verdict stands only if the pair and the repeat give it "
+                     "too. Otherwise it is INCONCLUSIVE (not reproduced back to back). A point "
+                     "where Slapo is behind its own engine is always run again, whatever its "
+                     "margin.")
 PAPER_C2 = {"single_node": 2.92, "multi_node": 1.41}
 DEFAULTS = {"c2_min_speedup": 1.0, "c3_max_ratio": 1.5}
 TITLES = {
