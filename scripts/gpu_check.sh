@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-GPU check (README, "One GPU"): Slapo against HF SDPA, HF + torch.compile,
+# The one-GPU check (docs/gpu.md): Slapo against HF SDPA, HF + torch.compile,
 # megatron-core and DeepSpeed ZeRO-3 on one GPU, judged against the targets in
 # slapo_ae/analysis/gpu_check.py. Run from anywhere in the repository on a machine with one CUDA GPU:
 #
