@@ -65,8 +65,9 @@ PASS, FAIL, INCONCLUSIVE, NOT_RUN = "PASS", "FAIL", "INCONCLUSIVE", "NOT-RUN"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, NOT_RUN)
 NOISE_RULE = ("A throughput comparison is decided only when it stands out of the noise of the "
               "timed steps. Each run gives the quartiles q1 and q3 of its per-step samples/s. "
-              "Slapo passes when q1(Slapo) / q3(baseline) >= t. It fails when "
-              "q3(Slapo) / q1(baseline) < t. Anything in between is INCONCLUSIVE. "
+              "A is Slapo and B the baseline, or A an ablation step and B the one before. "
+              "A passes when q1(A) / q3(B) >= t. It fails when q3(A) / q1(B) < t. "
+              "Anything in between is INCONCLUSIVE. "
               "t is 1 for \"faster\" and the bar for C2. Medians are followed by [q1-q3].")
 BACK_TO_BACK_RULE = ("This machine's speed drifts between runs by more than within one. "
                      "A comparison's margin is q1 of the faster over q3 of the slower. "
