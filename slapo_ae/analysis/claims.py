@@ -336,14 +336,19 @@ def c2_half(points, paper: float, none_why: str) -> dict:
     return half
 
 
+def _reached(half: dict) -> str:
+    """Whether a half of C2 measured at least the paper's speedup (a median ratio, reported;
+    the verdict is against the bar)."""
+    return "reached" if half["measured_max"] >= half["paper"] else "not reached"
+
+
 def c2_half_brief(name: str, half: dict) -> str:
     """One half of C2 in a few words: its verdict, the largest speedup and whether the paper's
     was reached; a half without a measured speedup says why instead of a number."""
     if half["measured_max"] is None:
         return f"{name} {half['verdict']}: {half.get('why') or 'no data'}"
-    reached = "reached" if half["measured_max"] >= half["paper"] else "not reached"
     return (f"{name} {half['verdict']}, largest {_fmt(half['measured_max'])}x: the paper's "
-            f"{half['paper']}x {reached}")
+            f"{half['paper']}x {_reached(half)}")
 
 
 def check_c2(e2e, min_speedup: float = DEFAULTS["c2_min_speedup"], multinode=None,
@@ -678,10 +683,9 @@ def _c2_half_line(what: str, half: dict, bar: float) -> str:
     if half["measured_max"] is None:
         return f"- {what}: **{half['verdict']}**: {half['why']} (the paper: {half['paper']}x)."
     at = f"{half['at']['model']}, {half['at']['gpus']} GPUs"
-    reached = "reached" if half["measured_max"] >= half["paper"] else "not reached"
     return (f"- {what}: **{half['verdict']}** against the bar of {bar}x; the largest speedup "
             f"{_fmt(half['measured_max'])}x ({at}, on {half['hardware'] or '-'}): the "
-            f"paper's {half['paper']}x {reached}.")
+            f"paper's {half['paper']}x {_reached(half)}.")
 
 
 ENGINE_COLUMNS = [("point", "what", False), ("model", "model", False), ("GPUs", "gpus", True),
