@@ -6,6 +6,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+# Python 3.11 exactly (pyproject.toml: >=3.11,<3.12). Checked before any target that needs it
+# runs: PYTHON, which makes the virtual environment, or the environment's own once it exists.
+PYTHON_USED := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+PYTHON_FOUND := $(shell $(PYTHON_USED) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+ifneq ($(filter-out clean docker,$(or $(MAKECMDGOALS),venv)),)
+ifneq ($(PYTHON_FOUND),3.11)
+$(error $(PYTHON_USED) is $(if $(PYTHON_FOUND),Python $(PYTHON_FOUND),no Python that runs), but slapo-ae needs Python 3.11 ($(if $(wildcard $(PY)),make clean and then )make PYTHON=python3.11 <target>))
+endif
+endif
+
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 # DeepSpeed compiles its CPU ops on first use into this cache instead of at install time.

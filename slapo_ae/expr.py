@@ -1,6 +1,6 @@
 """A safe evaluator for batch-size expressions in the GPU count ``n``.
 
-The cfg files give the global batch as an expression of ``n`` (REFERENCE.md), for example
+The cfg files give the global batch as an expression of ``n`` (docs/harness.md), for example
 ``16*n``, ``min(8*n, 48)``, ``16 if n<=2 else 10*n`` or ``8 * int(math.log2(n) + 1)``.
 The text is parsed with :func:`ast.parse` and walked against an allow-list; nothing is ever
 compiled or executed. Allowed:

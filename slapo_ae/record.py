@@ -165,16 +165,31 @@ def source_hash(root=None) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def cpu_model(cpuinfo="/proc/cpuinfo") -> str | None:
+    """The CPU's model name as the kernel reports it (``model name`` in ``/proc/cpuinfo``),
+    else the platform's processor string; None when neither says. A reviewer quotes it with
+    the results, and on CPU ranks it is the hardware itself."""
+    try:
+        with open(cpuinfo) as lines:
+            for line in lines:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def collect_env(device: dict) -> dict:
     """The environment a record was measured in: ``device`` (name, count, CUDA version:
     :func:`slapo_ae.gpus.describe`, or torch's view inside a rank), package versions, commit,
-    host."""
+    host, the CPU's model and core count."""
     env = dict(device)
     env.update({name: package_version(dist) for name, dist in PACKAGES.items()})
     env.update({"git_commit": git_commit(), "source_hash": source_hash(),
                 "hostname": socket.gethostname(),
                 "python": platform.python_version(), "platform": platform.platform(),
-                "cpu_count": os.cpu_count()})
+                "cpu_model": cpu_model(), "cpu_count": os.cpu_count()})
     return env
 
 

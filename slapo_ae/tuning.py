@@ -14,7 +14,7 @@ One YAML file per tuning (``configs/autotune/<name>.yaml``; the name is the file
     warmup: 2
     memory_per_rank: 2048   # optional: MiB each rank may hold (CPU: a real out-of-memory)
 
-- ``case``: one cfg line (REFERENCE.md) with one GPU count, whose BATCH_SIZE is an
+- ``case``: one cfg line (docs/harness.md) with one GPU count, whose BATCH_SIZE is an
   expression of ``n`` (the GPUs) and the symbols, and whose CKPT is a symbol or a value.
 - ``symbols``: each a list of ``values`` or an inclusive range ``from``/``to``/``step``, with
   its ``memory`` order (``increasing``, ``decreasing``; see :mod:`slapo.autotune.space`).

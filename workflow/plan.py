@@ -299,7 +299,7 @@ def threads(case: Case, settings: dict, cores: int | None) -> int:
     (``workflow.cores``; None: this machine's).
 
     On CPU all of them, so that cases run one at a time and none measures beside another's
-    start-up or steps (docs/workflow.md, "Measurements the claims stand on"). On CUDA the
+    start-up or steps (docs/measurements.md, "What the measurements stand on"). On CUDA the
     share of the cores that the case's GPUs on one node are of the machine's, at least one
     (on each node of a case on several).
     """

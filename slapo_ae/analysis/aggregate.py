@@ -5,9 +5,9 @@ One row per case record, whatever its status (failures are data): the case's fie
 nodes, GPUs per node and, where the case has them, its pipeline x tensor x data layout and
 micro-batch), its status and reason, throughput (median samples/s of the timed steps and its
 spread), TFLOPS per GPU, MFU, the largest rank's peak memory, and where it was measured
-(device, host, package versions, commit). The experiment and profile come from the record's
-path, ``results/<experiment>/<profile>/<case-id>.json``. ``slapo-megatron`` with pipeline
-stages is labelled Slapo-3D, without them Slapo-TP.
+(device, CPU model and cores, host, package versions, commit). The experiment and profile come
+from the record's path, ``results/<experiment>/<profile>/<case-id>.json``. ``slapo-megatron``
+with pipeline stages is labelled Slapo-3D, without them Slapo-TP.
 
 The ablation table adds each step's place in Figure 9 and its speedup over Vanilla.
 
@@ -40,7 +40,8 @@ COLUMNS = [
     "samples_per_s_min", "samples_per_s_max", "samples_per_s_q1", "samples_per_s_q3",
     "samples_per_s_iqr", "samples_per_s_stdev",
     "timed_steps", "tflops_per_gpu", "mfu", "peak_mem_gib", "device_name", "device_count",
-    "hostname", "torch", "transformers", "deepspeed", "megatron_core", "git_commit",
+    "cpu_model", "cpu_count", "hostname", "torch", "transformers", "deepspeed", "megatron_core",
+    "git_commit",
     "started_at", "finished_at", "log_path", "record",
 ]
 ABLATION_COLUMNS = ["step", "step_label", "speedup_vs_vanilla"]
@@ -95,9 +96,9 @@ def record_row(path) -> dict:
         "tflops_per_gpu": m.tflops_per_gpu,
         "mfu": m.mfu,
         "peak_mem_gib": max(peaks) / 2**30 if peaks else None,
-        **{key: env.get(key) for key in ("device_name", "device_count", "hostname", "torch",
-                                         "transformers", "deepspeed", "megatron_core",
-                                         "git_commit")},
+        **{key: env.get(key) for key in ("device_name", "device_count", "cpu_model",
+                                         "cpu_count", "hostname", "torch", "transformers",
+                                         "deepspeed", "megatron_core", "git_commit")},
         "started_at": rec.started_at,
         "finished_at": rec.finished_at,
         "log_path": rec.log_path,

@@ -21,7 +21,7 @@ import sys
 
 from slapo_ae.analysis.loc import PAPER_LOC, count_loc
 
-# (label, family) in Table 4's column order (REFERENCE.md); the paper's numbers are loc's.
+# (label, family) in Table 4's column order (docs/paper.md); the paper's numbers are loc's.
 MODELS = (("WideResNet", "wideresnet"), ("T5", "t5"), ("RoBERTa", "roberta"), ("LLaMA", "llama"),
           ("OPT", "opt"), ("BERT", "bert"), ("GPT", "gpt_neo"))
 COLUMNS = ["model", "family", "paper_loc", "loc_artifact", "loc_statements", "status", "note"]

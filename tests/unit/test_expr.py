@@ -27,7 +27,7 @@ def no_exec(monkeypatch, tmp_path):
     return tmp_path
 
 
-# The paper's examples (REFERENCE.md), worked out by hand for n = 1, 2, 4, 8.
+# The paper's examples (its cfg files), worked out by hand for n = 1, 2, 4, 8.
 PAPER_EXAMPLES = {
     "16*n": [16, 32, 64, 128],
     "min(8*n, 48)": [8, 16, 32, 48],  # 8*8 = 64 > 48

@@ -32,7 +32,8 @@ def test_bert_large_by_hand():
 
 
 def test_reference_anchor_gpt_neo_1p3b_on_h200():
-    # REFERENCE.md: 49.6 samples/s of gpt-neo-1.3B (seq 1024) is about 430 model TFLOPS
+    # the H200 anchors (analysis/gpu_check.py): 49.6 samples/s of gpt-neo-1.3B (seq 1024) is
+    # about 430 model TFLOPS
     cfg = {"model_type": "gpt_neo", "hidden_size": 2048, "num_layers": 24, "vocab_size": 50257}
     assert tflops_per_gpu(49.6, train_flops_per_sample(cfg, 1024), 1) == pytest.approx(430, abs=1)
 

@@ -107,6 +107,22 @@ def test_collect_env_has_versions_and_host():
         assert key in env
     assert env["python"].startswith("3.")
     assert env["device_name"] == "cpu (test)"
+    assert "cpu_model" in env and env["cpu_count"] >= 1
+
+
+def test_the_cpu_model_comes_from_the_kernel_else_the_platform(tmp_path, monkeypatch):
+    from slapo_ae.record import cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                    "model name\t: AMD EPYC  7B13 64-Core Processor\nprocessor\t: 1\n")
+    assert cpu_model(info) == "AMD EPYC 7B13 64-Core Processor"
+    monkeypatch.setattr("platform.processor", lambda: "arm")
+    assert cpu_model(tmp_path / "missing") == "arm"
+    info.write_text("processor\t: 0\nCPU implementer\t: 0x41\n")  # no model name (ARM)
+    assert cpu_model(info) == "arm"
+    monkeypatch.setattr("platform.processor", lambda: "")
+    assert cpu_model(tmp_path / "missing") is None
 
 
 def test_files_are_written_atomically_and_readable_by_others(tmp_path):

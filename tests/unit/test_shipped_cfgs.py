@@ -1,4 +1,4 @@
-"""The cfg files shipped in configs/ parse and match the paper's tables (REFERENCE.md)."""
+"""The cfg files shipped in configs/ parse and match the paper's tables (docs/paper.md)."""
 from pathlib import Path
 
 import pytest

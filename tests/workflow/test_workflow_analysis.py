@@ -261,7 +261,7 @@ def test_claims_report_on_cpu_says_it_is_not_the_paper_setting(tmp_path):
     text = claims.to_markdown(result)
     assert "CPU ranks" in result["setting"] and "not the paper's setting" in result["setting"]
     assert "| C3 | **NOT-RUN** |" in text and "ZeroDivisionError" in text
-    assert "paper 2.92x" in text and "1.41x" in text
+    assert "the paper's 2.92x not reached" in text and "(the paper: 1.41x)" in text
     assert "**Noise rule.** A throughput comparison is decided only when" in text
     assert "PASS / FAIL / INCONCLUSIVE / NOT-RUN" in text
     json.dumps(result, default=str)
@@ -275,6 +275,117 @@ def test_claims_cli_writes_md_and_json(tmp_path):
     data = json.loads((tmp_path / "c.json").read_text())
     assert [c["id"] for c in data["claims"]] == ["C1", "C2", "C3", "C4"]
     assert data["claims"][3]["verdict"] == "NOT-RUN"
+
+
+# -- the report a reviewer quotes: its summary, C2's bar, headers, where and when ---------------
+MEASURED = {"device_name": "cpu (x86_64)", "device_count": 0, "hostname": "vm",
+            "git_commit": "d37561b0c0ffee0123456789", "cpu_model": "AMD EPYC 7B13",
+            "cpu_count": 2}
+
+
+def timed(paths, start_minute=0, commit=None):
+    """The records at ``paths`` given start and end times a minute apart (10:00, 10:01, ...;
+    each 30 s long) and, optionally, another commit."""
+    for i, path in enumerate(paths):
+        data = json.loads(path.read_text())
+        minute = start_minute + i
+        data["started_at"] = f"2026-12-04T10:{minute:02d}:00+00:00"
+        data["finished_at"] = f"2026-12-04T10:{minute:02d}:30+00:00"
+        if commit:
+            data["env"]["git_commit"] = commit
+        path.write_text(json.dumps(data))
+    return paths
+
+
+def report(e2e, ablation=None, multinode=None, recheck=None):
+    loc = table4.loc_table(lambda family: {"artifact": 12, "statements": 9})
+    result = claims.check_all(e2e, ablation, loc, multinode=multinode, recheck=recheck)
+    return result, claims.to_markdown(result)
+
+
+def test_claims_report_opens_with_three_lines_to_quote(tmp_path):
+    e2e = aggregate.table(timed(e2e_records(tmp_path, env=MEASURED)))
+    recheck = {"seconds": 96.4, "below": 1.25, "measured": 0, "repeated": 0, "steps": 24,
+               "warmup": 4, "comparisons": {}}
+    result, text = report(e2e, recheck=recheck)
+    lines = text.splitlines()
+    assert lines[0] == "# Claims of the Slapo paper, checked" and lines[1] == ""
+    setting, verdicts, shows = lines[2:5]
+    assert lines[5] == ""
+    assert setting == ("- **Setting:** p profile, commit d37561b0c0ff, on CPU ranks over "
+                       "gloo, no GPU (AMD EPYC 7B13, 2 cores) @vm; the cases ran 2026-12-04 "
+                       "10:00-10:07 UTC, 7.5 min wall, then the back-to-back recheck 96 s.")
+    assert verdicts.startswith("- **Verdicts:** C1 FAIL (1 PASS, 1 FAIL of 2 points); C2 PASS "
+                               "(bar: speedup >= 1.0x beyond the noise; one node PASS, "
+                               "largest 1.25x: the paper's 2.92x not reached; several nodes "
+                               "NOT-RUN: no multi-node cases in this profile")
+    assert "C3 PASS (7 PASS of 7 points); C4 NOT-RUN (3 NOT-RUN of 3 points)." in verdicts
+    assert shows.startswith("- **What they show:** Measured on CPU ranks")
+    assert "INCONCLUSIVE means" in shows and "not that the paper's numbers reproduce" in shows
+    # the same in the JSON, with the facts behind the setting line
+    assert result["summary"]["setting"] == setting.removeprefix("- **Setting:** ")
+    run = result["run"]
+    assert run["commits"] == ["d37561b0c0ffee0123456789"] and run["cpu_models"] == [
+        "AMD EPYC 7B13"]
+    assert (run["cases_wall_s"], run["recheck_s"], run["records"]) == (450.0, 96.4, 8)
+    assert (run["first_start"], run["last_finish"]) == ("2026-12-04T10:00:00+00:00",
+                                                        "2026-12-04T10:07:30+00:00")
+    # the per-point hardware names the CPU model too
+    assert "cpu (x86_64) AMD EPYC 7B13, 2 ranks @vm" in text
+
+
+def test_claims_report_names_the_gpu_every_commit_and_when_the_paper_was_reached(tmp_path):
+    gpu = {**MEASURED, "device_name": "NVIDIA H200", "device_count": 2, "hostname": "g"}
+    rows = [("megatron", 10), ("deepspeed", 10), ("slapo-megatron", 30), ("slapo-deepspeed", 20)]
+    paths = [rec(tmp_path, "e2e", m, "bert-xlarge", 2, r, env=gpu) for m, r in rows]
+    timed(paths[:2])
+    timed(paths[2:], start_minute=2, commit="aaaabbbbccccdddd+dirty")
+    result, text = report(aggregate.table(paths))
+    setting = result["summary"]["setting"]
+    assert ("on NVIDIA H200 GPUs (up to 2 a case; host CPU AMD EPYC 7B13, 2 cores) @g"
+            in setting)
+    assert ("commits d37561b0c0ff, aaaabbbbcccc+dirty (the records come from more than one)"
+            in setting)
+    assert "the back-to-back recheck" not in setting  # none ran
+    assert "one node PASS, largest 3x: the paper's 2.92x reached" in result["summary"]["verdicts"]
+    assert "## C2: PASS (bar: speedup >= 1.0x)" in text
+    assert "The paper used 8 x V100 32 GB with fp16" in result["summary"]["shows"]
+
+
+def test_claims_report_without_env_or_times_says_what_it_lacks(tmp_path):
+    result, _ = report(aggregate.table(e2e_records(tmp_path)))
+    setting = result["summary"]["setting"]
+    assert "commit unknown (the records name none)" in setting
+    assert "a CPU of unknown model" in setting and "the records give no times" in setting
+    empty, text = report(None)
+    assert empty["summary"]["setting"] == "no profile; no benchmark records."
+    assert "C1 NOT-RUN (no data points)" in empty["summary"]["verdicts"]
+
+
+def test_every_table_of_the_claims_report_has_a_header_for_each_column(tmp_path):
+    e2e = aggregate.table(timed(e2e_records(tmp_path, env=MEASURED)))
+    ablation = aggregate.ablation_table(ablation_records(tmp_path))
+    multinode = aggregate.table(multinode_records(tmp_path / "m"))
+    _, text = report(e2e, ablation, multinode)
+    lines = text.splitlines()
+    headers = [line for i, line in enumerate(lines)
+               if line.startswith("|") and not lines[i - 1].startswith("|")]
+    assert len(headers) == 5  # the summary, then C1 to C4
+    for header in headers:
+        cells = [cell.strip() for cell in header.strip("|").split("|")]
+        assert all(cells), f"a column without a header: {header}"
+    # each row has as many cells as its header
+    for i, line in enumerate(lines):
+        if line.startswith("|") and lines[i - 1].startswith("|"):
+            start = max(j for j in range(i + 1) if lines[j] in headers)
+            assert line.count("|") == lines[start].count("|"), line
+
+
+def test_the_noise_rule_reads_in_short_sentences():
+    sentences = [s for s in claims.NOISE_RULE.split(". ") if s]
+    assert len(sentences) >= 4 and max(len(s.split()) for s in sentences) <= 20
+    sentences = [s for s in claims.BACK_TO_BACK_RULE.split(". ") if s]
+    assert len(sentences) >= 4 and max(len(s.split()) for s in sentences) <= 20
 
 
 def test_table4_outputs():
@@ -362,9 +473,10 @@ def test_claim_c2_multi_node_half_is_checked_from_figure8(tmp_path):
     assert points[(64, 8)]["why"] == "no Slapo system ran ok"
     assert c2["single_node"]["verdict"] == "PASS" and c2["verdict"] == "PASS"
     text = claims.to_markdown(claims.check_all(e2e, None, None, multinode=multinode))
-    assert "multi-node: PASS, max speedup 1.158x (paper 1.41x)" in text
-    assert "- Several nodes (up to 64 GPUs): paper 1.41x; measured max 1.158x (llama-7b, " \
-           "gpus=32) on NVIDIA H200 x32 on 4 nodes @g: **PASS**." in text
+    assert "several nodes PASS, largest 1.158x: the paper's 1.41x not reached" in text
+    assert "- Several nodes (up to 64 GPUs): **PASS** against the bar of 1.0x; the largest " \
+           "speedup 1.158x (llama-7b, 32 GPUs, on NVIDIA H200 x32 on 4 nodes @g): the " \
+           "paper's 1.41x not reached." in text
     # slower than a baseline on several nodes: the half fails, and so the claim
     slow = aggregate.table([mrec(tmp_path / "slow", "slapo-megatron", "llama-7b", 16, 8.0,
                                  quartiles=(7.5, 8.5)),
@@ -381,8 +493,9 @@ def test_claim_c2_multi_node_half_is_not_run_without_its_cases(tmp_path):
         assert c2["multi_node"]["verdict"] == "NOT-RUN" and c2["verdict"] == "PASS"
         assert "no multi-node cases in this profile" in c2["multi_node"]["why"]
     text = claims.to_markdown(claims.check_all(e2e, None, None))
-    assert "- Several nodes (up to 64 GPUs): paper 1.41x; **NOT-RUN** (no multi-node cases " \
-           "in this profile" in text
+    assert "- Several nodes (up to 64 GPUs): **NOT-RUN**: no multi-node cases in this " \
+           "profile" in text
+    assert "max speedup -x" not in text and "largest -x" not in text
     # only the multi-node cases ran (profile cpu-multinode): the claim is their half's
     multinode = aggregate.table(multinode_records(tmp_path / "m"))
     c2 = claims.check_c2(None, multinode=multinode)

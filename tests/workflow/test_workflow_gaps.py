@@ -127,7 +127,8 @@ def test_claims_md_reports_the_engines_and_the_causes(monkeypatch, tmp_path):
         1, 12 if case["mode"].startswith("slapo") else 10, **{"aten::mm": 5}))
     result = claims.check_all(None, None, None, gaps=gaps.find_gaps(E2E, ABLATION, tmp_path))
     text = claims.to_markdown(result)
-    assert "## Slapo beside its own engine" in text
+    assert "## The artifact's own check: Slapo beside its own engine" in text
+    assert text.index("## C4") < text.index("## The artifact's own check")
     assert "| Slapo-TP vs Megatron-LM | bert-tiny | 2 | 0.7778 | behind |  | profiled step" in text
     assert "| within the noise |" in text
     json.dumps(result)
