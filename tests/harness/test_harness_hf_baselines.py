@@ -43,6 +43,16 @@ def test_notes_name_the_attention_and_the_compiler(records):
     assert any(n.startswith("torch.compile") for n in compiled)
 
 
+def test_hf_liger_is_unsupported_on_cpu(tmp_path):
+    """liger-kernel's kernels are Triton's, for GPUs: a CPU case says so, before launching."""
+    proc, record = run_case(tmp_path / "r.json", "--mode", "hf-liger", "--model", "llama-tiny",
+                            "--gpus", "1", "--seq-len", "16", "--batch-size", "2",
+                            "--steps", "2", "--warmup", "1")
+    assert record.status == "unsupported"
+    assert record.reason == ("liger-kernel's kernels are Triton kernels for GPUs; they do not "
+                             "run on CPU")
+
+
 @pytest.mark.parametrize("model,why", [("gpt-neo-tiny", "no SDPA attention for GPT-Neo"),
                                        ("wideresnet-tiny", "WideResNet has no attention")])
 def test_hf_sdpa_without_sdpa_is_unsupported(tmp_path, model, why):

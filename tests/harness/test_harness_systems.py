@@ -100,7 +100,21 @@ def test_batch_split_and_sharding(records):
 def test_notes_say_what_differs(records):
     gpt = records["megatron"].metrics.extra["notes"]
     assert any("local (windowed) attention" in n for n in gpt)
+    assert not any("fusions" in n for n in gpt)  # megatron-core's fusions are CUDA's
     assert any("gradient checkpointing" in n for n in records["deepspeed"].metrics.extra["notes"])
+    # the CPU's kernel choices, layers uncompiled, are in the record
+    slapo = records["slapo-megatron"].metrics.extra["notes"]
+    assert any(n.startswith("Slapo kernels on cpu:") and "layers: eager (compiling is off on "
+               "CPU" in n for n in slapo), slapo
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_record_states_precision_and_optimizer(records, name):
+    """On CPU: fp32, and torch's AdamW as torch defaults it there (a for-loop); fused is the
+    CUDA choice (tests/unit/test_gpu_choices.py)."""
+    extra = records[name].metrics.extra
+    assert extra["precision"] == "fp32"
+    assert extra["optimizer"] == "torch.optim.adamw.AdamW (for-loop)"
 
 
 def test_a_case_with_dropout_repeats_its_losses_exactly(tmp_path):

@@ -141,3 +141,41 @@ def test_files_are_written_atomically_and_readable_by_others(tmp_path):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
     finally:
         os.umask(old)
+
+
+def test_the_commit_is_the_projects_own_or_none(tmp_path, monkeypatch):
+    """A copy of the tree inside another repository (as a GPU machine received it) must not
+    record that repository's commit; the commit it was copied from can be given instead, and
+    the source hash names the code either way."""
+    import shutil
+    import subprocess
+
+    from slapo_ae import paths
+    from slapo_ae.record import ENV_COMMIT, git_commit, source_hash
+
+    monkeypatch.delenv(ENV_COMMIT, raising=False)
+    outer = tmp_path / "outer"
+    tree = outer / "copy"
+    for package in ("slapo", "slapo_ae"):
+        shutil.copytree(paths.ROOT / package, tree / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q", str(outer)], check=True)
+    subprocess.run([*git, "-C", str(outer), "add", "-A"], check=True)
+    subprocess.run([*git, "-C", str(outer), "commit", "-qm", "other"], check=True)
+    assert git_commit(tree) is None  # the outer repository's HEAD is not the project's
+    head = subprocess.run(["git", "-C", str(outer), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert git_commit(outer) == head  # the top of a checkout: its own commit
+    monkeypatch.setenv(ENV_COMMIT, "d37561b")
+    assert git_commit(tree) == "d37561b"
+    digest = source_hash(tree)
+    assert digest.startswith("sha256:") and digest == source_hash(tree)
+    (tree / "slapo" / "__init__.py").write_text("# changed\n")
+    source_hash.cache_clear()
+    assert source_hash(tree) != digest
+
+
+def test_collect_env_names_the_sources():
+    env = collect_env(device={"device_name": "cpu (test)", "device_count": 0})
+    assert env["source_hash"].startswith("sha256:")

@@ -344,3 +344,13 @@ def test_run_order_puts_the_systems_of_a_point_together_alternating():
         assert modes == (systems if i % 2 == 0 else systems[::-1])  # ... first, then last
     ablation = [cases[exp][cid].mode for exp, cid in ordered if exp == "ablation"]
     assert ablation == ["eager", "slapo-kernel", "slapo-tp-attn-ffn", "slapo-tp-full"]
+
+
+def test_gpu_smoke_profile_runs_figure7_and_figure9_on_one_gpu():
+    profile = plan.resolve({**CONFIG, "profile": "gpu-smoke", "gpus": 1})
+    assert profile["device"] == "cuda" and profile["steps"] == 8 and profile["warmup"] == 4
+    cases = plan.load_cases(profile, REPO)
+    assert {c.mode for c in cases["e2e"].values()} == {"megatron", "slapo-megatron", "deepspeed",
+                                                        "slapo-deepspeed"}
+    assert {c.mode for c in cases["ablation"].values()} == {"eager", "slapo-kernel"}
+    assert {c.gpus for exp in cases.values() for c in exp.values()} == {1}

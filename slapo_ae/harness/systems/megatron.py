@@ -51,6 +51,22 @@ SLOW_ATTENTION = ("megatron-core's attention here is its local DotProductAttenti
                   "softmax, where HF's SDPA runs a flash kernel")
 
 
+def cuda_fusions(family: str) -> tuple[dict, str]:
+    """The ``TransformerConfig`` fields of the :data:`CUDA_FUSIONS` (and the activation's)
+    for ``family``, and the record's note. A fused GeLU is given as ``F.gelu``, which
+    megatron computes as the tanh approximation."""
+    fields = dict(CUDA_FUSIONS)
+    act = FUSED_ACTIVATION.get(family)
+    if act is not None:
+        fields["bias_activation_fusion"] = True
+        fields["activation_func"] = (torch.nn.functional.gelu if act == "gelu"
+                                     else torch.nn.functional.silu)
+    fused = ", ".join(sorted(k for k in fields if k.endswith("fusion")))
+    detail = {"gelu": " (gelu, as its tanh approximation)", "swiglu": " (swiglu)"}.get(act, "")
+    return fields, (f"megatron-core fusions on CUDA (no Transformer Engine or Apex): "
+                    f"{fused}{detail}; {SLOW_ATTENTION}")
+
+
 def _family(spec) -> str:
     from slapo_ae.zoo import model_family
 
@@ -114,24 +130,13 @@ class MegatronSystem(TensorParallelTrainer):
             **recompute, **{**fields, **self.fusions()})
 
     def fusions(self) -> dict:
-        """The :data:`CUDA_FUSIONS` (and the activation's) on CUDA, none on CPU; recorded once.
-        A fused GeLU is given as ``F.gelu``, which megatron computes as the tanh
-        approximation."""
+        """:func:`cuda_fusions` on CUDA, none on CPU; the record's note once."""
         if self.ctx.device.type != "cuda":
             return {}
-        fusions = dict(CUDA_FUSIONS)
-        act = FUSED_ACTIVATION.get(self.family)
-        if act is not None:
-            fusions["bias_activation_fusion"] = True
-            fusions["activation_func"] = (torch.nn.functional.gelu if act == "gelu"
-                                          else torch.nn.functional.silu)
-        note = (f"megatron-core fusions on CUDA (no Transformer Engine or Apex): "
-                f"{', '.join(sorted(k for k in fusions if k.endswith('fusion')))}"
-                + (f" ({act}; GeLU fused as its tanh approximation)" if act == "gelu" else
-                   f" ({act})" if act else "") + f"; {SLOW_ATTENTION}")
+        fields, note = cuda_fusions(self.family)
         if note not in self.notes:
             self.notes.append(note)
-        return fusions
+        return fields
 
     def _bert(self):
         from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec

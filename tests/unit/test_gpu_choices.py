@@ -1,0 +1,210 @@
+"""The CUDA choices of the harness and the schedules, checked on CPU where their code runs here:
+the optimizer and precision each record states, hf-liger's support rules and its patching
+(against a stand-in for liger-kernel, whose Triton kernels need a GPU), megatron-core's fusions
+without Transformer Engine (trained on CPU against the unfused model), the schedules' device
+options and the ``compile`` primitive's rules."""
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import slapo
+from slapo.model_schedule import ScheduleOptions, schedule_model
+from slapo_ae.case import Case
+from slapo_ae.harness.runspec import RunSpec
+from slapo_ae.harness.systems import base, support
+from slapo_ae.harness.systems.support import Unsupported
+from slapo_ae.zoo import build_model
+
+
+def _spec(mode="eager", model="llama-tiny", device="cpu", dtype="fp32", **fields):
+    case = Case(mode=mode, model=model, gpus=1, seq_len=16, dec_seq_len=0, batch_size=2,
+                batch_expr="2", ckpt=0.0, steps=2, warmup=1, device=device, dtype=dtype,
+                **fields)
+    return RunSpec(case=case, out="r.json")
+
+
+# --- the optimizer and the precision a record states ------------------------------------
+def test_adamw_is_fused_on_cuda_and_the_record_says_which_implementation():
+    params = [torch.nn.Parameter(torch.ones(3))]
+    cpu = base.adamw(params, 1e-3, torch.device("cpu"))
+    assert base.optimizer_name(cpu) == "torch.optim.adamw.AdamW (for-loop)"
+    cuda = base.adamw(params, 1e-3, torch.device("cuda"))
+    assert cuda.defaults["fused"] is True
+    assert base.optimizer_name(cuda) == "torch.optim.adamw.AdamW (fused)"
+    explicit = torch.optim.AdamW(params, foreach=True)
+    assert base.optimizer_name(explicit) == "torch.optim.adamw.AdamW (foreach)"
+
+
+class _Trainer(base.NativeTrainer):
+    def setup(self):
+        self.model = torch.nn.Linear(2, 2)
+        self.make_optimizer()
+
+
+@pytest.mark.parametrize("dtype,device,policy", [
+    ("fp32", "cpu", "fp32"),
+    ("bf16", "cuda", "bf16 autocast over fp32 parameters (the master weights)"),
+    ("fp16", "cuda", "fp16 autocast over fp32 parameters (the master weights), dynamic loss "
+                     "scaling"),
+])
+def test_native_trainers_state_their_precision_policy(dtype, device, policy, monkeypatch):
+    # a GradScaler for fp16 on "cuda" is built without touching a GPU
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda *a, **k: object())
+    ctx = base.DistContext(rank=0, world_size=1, local_rank=0, device=torch.device(device))
+    system = _Trainer(SimpleNamespace(case=SimpleNamespace(dtype=dtype, lr=1e-3,
+                                                           batch_size=2)), ctx)
+    system.setup()
+    info = system.info()
+    assert info["precision"] == policy
+    assert info["optimizer"].endswith("(fused)" if device == "cuda" else "(for-loop)")
+
+
+# --- hf-liger ------------------------------------------------------------------------------
+def test_hf_liger_needs_a_gpu_and_liger_kernel(monkeypatch):
+    with pytest.raises(Unsupported, match="Triton kernels for GPUs; they do not run on CPU"):
+        support.check(_spec("hf-liger"))
+    monkeypatch.setattr(support.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(Unsupported, match=r"liger-kernel is not installed \(the project's 'gpu' "
+                                          r"extra: pip install '.\[gpu\]'\)"):
+        support.check(_spec("hf-liger", device="cuda", dtype="bf16"))
+
+
+@pytest.fixture
+def fake_liger(monkeypatch):
+    """liger-kernel's table of patches, with one patch that records its call."""
+    calls = []
+
+    def apply_liger_kernel_to_llama(rope=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=True, rms_norm=True,
+                                    swiglu=True, model=None):
+        calls.append(model)
+
+    patch = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    patch.MODEL_TYPE_TO_APPLY_LIGER_FN = {"llama": apply_liger_kernel_to_llama,
+                                          "mistral": apply_liger_kernel_to_llama}
+    for name in ("liger_kernel", "liger_kernel.transformers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, patch.__name__, patch)
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda dist: "0.8.5" if dist == "liger-kernel" else real_version(dist))
+    return calls
+
+
+def test_hf_liger_applies_liger_kernels_own_patch_for_the_model_type(fake_liger):
+    from slapo_ae.harness.systems.eager import apply_liger
+
+    model = build_model("llama-tiny")
+    note = apply_liger(model)
+    assert fake_liger == [model]
+    assert note == ("liger-kernel 0.8.5: apply_liger_kernel_to_llama(model=...), on: rope, "
+                    "fused_linear_cross_entropy, rms_norm, swiglu")
+    with pytest.raises(Unsupported, match="liger-kernel 0.8.5 has no kernels for bert models "
+                                          r"\(it patches: llama, mistral\)"):
+        apply_liger(build_model("bert-tiny"))
+
+
+# --- megatron-core's fusions -----------------------------------------------------------------
+def test_megatron_fusions_by_family():
+    from slapo_ae.harness.systems.megatron import cuda_fusions
+
+    fields, note = cuda_fusions("llama")
+    assert fields["bias_activation_fusion"]
+    assert fields["activation_func"] is torch.nn.functional.silu
+    assert fields["bias_dropout_fusion"] and fields["cross_entropy_loss_fusion"]
+    assert "(swiglu)" in note and "DotProductAttention" in note
+    fields, note = cuda_fusions("gpt_neo")  # megatron fuses GeLU as GPT-Neo's tanh GeLU
+    assert fields["activation_func"] is torch.nn.functional.gelu and "tanh approximation" in note
+    fields, _ = cuda_fusions("t5")  # ReLU: no activation fusion
+    assert "bias_activation_fusion" not in fields and "activation_func" not in fields
+
+
+def _megatron_losses(model: str, fused: bool) -> list[float]:
+    from slapo_ae.harness.systems.megatron import MegatronSystem, cuda_fusions
+    from slapo_ae.zoo import synthetic_batch
+
+    class FusedOnCPU(MegatronSystem):
+        def fusions(self):  # the CUDA path's fields, on CPU
+            return cuda_fusions(self.family)[0] if fused else {}
+
+    spec = _spec("megatron", model=model, no_dropout=True)
+    ctx = base.DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    system = FusedOnCPU(spec, ctx)
+    system.setup()
+    losses = []
+    for step in range(2):
+        batch = synthetic_batch(model, 2, 16, seed=step)
+        losses.append(float(system.train_step(batch)))
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    return losses
+
+
+def _fused_and_plain(model):
+    return _megatron_losses(model, True), _megatron_losses(model, False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["llama-tiny", "gpt-neo-tiny", "bert-tiny"])
+def test_megatron_fusions_train_as_the_unfused_model(model):
+    """megatron-core's jit fuser is torch.compile, which runs on CPU too: the fused model's
+    losses equal the unfused one's (tanh GeLU for BERT's erf GeLU: 1e-3)."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1]))
+    from distributed import run_ranks
+
+    fused, plain = run_ranks(_fused_and_plain, model, world_size=1)[0]
+    tol = 1e-3 if model == "bert-tiny" else 1e-5
+    assert fused == pytest.approx(plain, rel=tol), (fused, plain)
+
+
+# --- the schedules' device options and the compile primitive ----------------------------
+def test_schedule_options_choose_compiled_layers_on_cuda_only():
+    assert ScheduleOptions(device="cuda").compile_layers is True
+    assert ScheduleOptions(device="cpu").compile_layers is False
+    assert ScheduleOptions(device="cuda", kernel_opt=False).compile_layers is False
+    assert ScheduleOptions(device="cuda", compile_layers=False).compile_layers is False
+    assert ScheduleOptions().device == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device must be one of"):
+        ScheduleOptions(device="tpu")
+
+
+def test_cuda_schedule_compiles_each_layer_and_keeps_linears_whole():
+    from slapo import state
+
+    model = build_model("bert-tiny")
+    sch = slapo.create_schedule(model)
+    schedule_model(sch, tensor_parallel=False, kernel_opt=True, device="cuda")
+    layers = model.bert.encoder.layer
+    assert all(state.is_compiled(layer) for layer in layers)
+    # no decomposition: cuBLAS keeps the bias in the Linear's epilogue
+    assert all(type(layer.intermediate.dense) is torch.nn.Linear for layer in layers)
+    cpu = build_model("bert-tiny")
+    schedule_model(slapo.create_schedule(cpu), tensor_parallel=False, kernel_opt=True,
+                   device="cpu")
+    assert not any(state.is_compiled(m) for m in cpu.modules())
+
+
+def test_compile_comes_before_checkpoint_and_once():
+    import torch._dynamo
+
+    model = build_model("llama-tiny")
+    sch = slapo.create_schedule(model)
+    layer = sch["model.layers.0"]
+    layer.compile()
+    compiled = model.model.layers[0].forward
+    layer.compile()  # a no-op
+    assert model.model.layers[0].forward is compiled
+    assert torch._dynamo.config.recompile_limit >= 64
+    other = sch["model.layers.1"]
+    other.checkpoint()
+    with pytest.raises(ValueError, match="compile 'model.layers.1' before checkpointing it"):
+        other.compile()
+    with pytest.raises(ValueError, match="unknown compiler 'nonesuch'"):
+        sch["model.norm"].compile(backend="nonesuch")
