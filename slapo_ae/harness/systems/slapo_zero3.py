@@ -22,6 +22,9 @@ class SlapoZero3System(DeepSpeedZero3System):
         self.schedule = schedule(self.spec, on_cpu, self.notes, trains_on=self.ctx.device,
                                  tensor_parallel=False, shard_embedding=False, kernel_opt=True,
                                  compile_layers=False)
+        if self.ctx.device.type == "cuda":
+            self.notes.append("Slapo-ZeRO3 compiles no layers: ZeRO-3 gathers each module's "
+                              "parameters in hooks that a compiled layer would not run")
         return self.schedule.mod
 
     def initialize(self, optimizer, config: dict):
