@@ -123,8 +123,8 @@ class SlapoTracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if state.is_leaf(m) or has_foreign_hooks(m):
             return True
-        if type(m).__name__ == "OptimizedModule":  # torch.compile's wrapper
-            return True
+        if type(m).__name__ == "OptimizedModule" or isinstance(m, torch.jit.ScriptModule):
+            return True  # compiled (torch.compile's wrapper, TorchScript): one call
         rel = f"{self.rel}.{qualname}" if self.rel and qualname else (self.rel or qualname)
         for leaf in self.leaves:
             if isinstance(leaf, type):

@@ -345,3 +345,76 @@ def test_replacing_a_module_moves_its_hooks():
     sch["activation"].replace(nn.GELU())
     assert len(get_hooks(sch["activation"].mod)["fwd_post"]) == 1
     torch.testing.assert_close(sch.mod.activation(torch.zeros(3)), torch.full((3,), -1.0))
+
+
+# --- checkpoint and fuse under upstream's names ---------------------------------------------
+class _Layers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer1 = nn.Sequential(nn.Linear(6, 6), nn.ReLU())
+        self.layer2 = nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.layer2(self.layer1(x))
+
+
+def test_a_checkpointed_module_is_upstreams_wrapper_in_place():
+    torch.manual_seed(0)
+    plain = _Layers()
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch["layer1"].checkpoint()
+    layer1 = sch["layer1"].mod
+    assert type(layer1).__name__ == "CheckPointWrapper" and isinstance(layer1, nn.Sequential)
+    assert layer1.mod is layer1 and isinstance(layer1.mod[0], nn.Linear)
+    names = [n for n, _ in sch.mod.named_parameters()]
+    assert names == [n for n, _ in plain.named_parameters()]  # names kept
+    x = torch.randn(4, 6, requires_grad=True)
+    sch.mod(x).sum().backward()
+    plain(x).sum().backward()
+    for (name, got), (_, want) in zip(sch.mod.named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    (match,) = sch.find(lambda x: F.relu(slapo.call_module("0", x)))  # in layer1's graph
+    sch.checkpoint(match)  # a subgraph: extracted, as upstream's CheckPointWrapper_0
+    wrapper = sch["layer1.CheckPointWrapper_0"].mod
+    assert type(wrapper).__name__ == "CheckPointWrapper"
+    assert isinstance(getattr(wrapper.mod, "0"), nn.Linear)
+    torch.testing.assert_close(sch.mod(x), plain(x))
+
+
+class _ConvReLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        return self.relu(self.conv(x)) + 1
+
+
+def test_a_fused_module_is_named_after_name():
+    torch.manual_seed(0)
+    plain = _ConvReLU()
+    x = torch.randn(1, 3, 6, 6)
+
+    def pattern(x):
+        return F.relu(slapo.call_module("conv", x))
+
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    fused = sch.fuse(sch.find(pattern), compiler=None, name="FusedConvReLU")
+    assert sch.mod.FusedConvReLU_0 is fused and type(fused).__name__ == "FusedConvReLU"
+    assert isinstance(fused[0], nn.Conv2d) and isinstance(fused[1], nn.ReLU)  # a Sequential
+    torch.testing.assert_close(sch.mod(x), plain(x))
+
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    fused = sch.fuse(sch.find(lambda x: F.relu(slapo.call_module("conv", x)) + 1),
+                     compiler=None, name="ConvReLUAdd")  # not a chain of modules: a graph
+    assert type(fused).__name__ == "ConvReLUAdd" and "add" in fused.graph_module.code
+    torch.testing.assert_close(sch.mod(x), plain(x))
+
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    fused = sch.fuse(sch.find(pattern), compiler="TorchScript", name="Scripted")
+    assert isinstance(sch["Scripted_0"].mod, torch.jit.ScriptModule)
+    torch.testing.assert_close(sch.mod(x), plain(x))
+    sch.trace()  # stays one call when traced again
