@@ -418,3 +418,47 @@ def test_a_fused_module_is_named_after_name():
     assert isinstance(sch["Scripted_0"].mod, torch.jit.ScriptModule)
     torch.testing.assert_close(sch.mod(x), plain(x))
     sch.trace()  # stays one call when traced again
+
+
+class _BiasGeLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.gelu = nn.GELU()
+
+    def forward(self, x):
+        return self.gelu(self.linear(x))
+
+
+class _BiasLayerNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.dropout = nn.Dropout(0.2)
+        self.ln = nn.LayerNorm(16)
+
+    def forward(self, x, residual):
+        return self.ln(self.dropout(self.linear(x)) + residual)
+
+
+@pytest.mark.parametrize("compiler", ["TorchScript", None])
+def test_bias_gelu_and_bias_layernorm_fusions_keep_the_numbers(compiler):
+    """Upstream's fusion checks: decompose the Linear, trace, find the bias add with what
+    follows it, fuse, and compare with the plain module (dropout drawn from the same seed)."""
+    torch.manual_seed(0)
+    x, residual = torch.randn(2, 4, 16), torch.randn(2, 4, 16)
+    for plain, pattern, inputs, expected_nodes in (
+            (_BiasGeLU(), lambda x, bias: F.gelu(bias + x), (x,), [operator.add, "gelu"]),
+            (_BiasLayerNorm(), lambda x, bias, residual: F.layer_norm(
+                F.dropout(x + bias) + residual, 16), (x, residual),
+             [operator.add, "dropout", operator.add, "ln"])):
+        sch = slapo.create_schedule(copy.deepcopy(plain))
+        sch["linear"].decompose()
+        sch.trace(flatten=True)
+        (match,) = sch.find(pattern)
+        assert [node.target for _, node in match] == expected_nodes
+        sch.fuse(match, compiler=compiler, name="Fused")
+        torch.manual_seed(1)
+        out = sch.mod(*inputs)
+        torch.manual_seed(1)
+        torch.testing.assert_close(out, plain(*inputs))

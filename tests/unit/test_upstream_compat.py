@@ -186,3 +186,41 @@ def test_import_slapo_keeps_frameworks_out():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_flash_attention_matches_gpt2_attention_within_upstreams_tolerance():
+    """slapo.op.FlashAttention against transformers' GPT2Attention, as upstream's op test
+    compares them (fused q, k, v interleaved per head; tolerance 5e-2). transformers 5 leaves
+    the causal mask to the model, so the reference gets it in its mask, as transformers 4's
+    attention applied it."""
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+    from slapo import op
+
+    batch, seq, hidden, heads = 2, 32, 64, 4
+    config = GPT2Config(n_embd=hidden, n_head=heads, n_positions=seq, attn_pdrop=0.0,
+                        resid_pdrop=0.0)
+    torch.manual_seed(0)
+    ref = GPT2Attention(config)
+    attn = op.FlashAttention(hidden_size=hidden, num_attention_heads=heads, output_proj=True,
+                             attn_pdrop=0.0, resid_pdrop=0.0, attn_op_name="cuda",
+                             fused_qkv=True)
+    # GPT-2's Conv1D holds q, k, v side by side; FlashAttention interleaves them per head
+    qkv = ref.c_attn.weight.detach().t().reshape(3, heads, hidden // heads, hidden)
+    attn.qkv.weight = nn.Parameter(qkv.transpose(0, 1).reshape(3 * hidden, hidden).clone())
+    attn.qkv.bias = nn.Parameter(ref.c_attn.bias.detach().reshape(3, heads, -1)
+                                 .transpose(0, 1).reshape(-1).clone())
+    attn.out_proj.weight = nn.Parameter(ref.c_proj.weight.detach().t().contiguous())
+    attn.out_proj.bias = nn.Parameter(ref.c_proj.bias.detach().clone())
+    x = torch.randn(batch, seq, hidden, requires_grad=True)
+    mask = torch.randn(batch, 1, 1, seq)
+    causal = torch.full((seq, seq), float("-inf")).triu(1)
+    out_ref = ref(x, None, mask + causal)[0]
+    (grad_ref,) = torch.autograd.grad(out_ref.sum(), x)
+    out = attn(x, mask, None)[0]
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(out, out_ref, atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(grad, grad_ref, atol=5e-2, rtol=5e-2)
+    # without the causal mask the two differ: the reference changed, not the op
+    assert not torch.allclose(attn(x, mask, None)[0], ref(x, None, mask)[0], atol=5e-2)
