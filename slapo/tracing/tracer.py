@@ -327,6 +327,9 @@ class SlapoTracer(fx.Tracer):
     # -- the root function ------------------------------------------------------------
     def trace_plan(self, root: nn.Module, plan: CallPlan) -> fx.Graph:
         self._plan = plan
+        # A model made on the meta device (init_empty_weights) computes its example values
+        # there: inputs on another device would not meet its parameters.
+        self._on_meta = any(p.is_meta for p in root.parameters())
         with _PatchConstructors():
             return self.trace(root)
 
@@ -355,7 +358,7 @@ class SlapoTracer(fx.Tracer):
                 return meta_of(v)
             if isinstance(v, torch.Tensor) and self.fake_mode is not None and \
                     not isinstance(v, torch._subclasses.FakeTensor):
-                return self.fake_mode.from_tensor(v)
+                return self.fake_mode.from_tensor(v.to("meta") if self._on_meta else v)
             return v
         return pytree.tree_map(convert, value, is_leaf=lambda v: isinstance(v, fx.Proxy))
 

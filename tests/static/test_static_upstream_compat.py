@@ -462,3 +462,15 @@ def test_bias_gelu_and_bias_layernorm_fusions_keep_the_numbers(compiler):
         out = sch.mod(*inputs)
         torch.manual_seed(1)
         torch.testing.assert_close(out, plain(*inputs))
+
+
+def test_a_block_of_a_model_on_the_meta_device_traces():
+    from transformers import BertModel
+    with slapo.init_empty_weights():
+        model = BertModel(bert_config(attn_implementation="sdpa"))  # SDPA branches on shapes
+    sch = slapo.create_schedule(model)
+    attn = sch["encoder.layer.0.attention.self"]
+    attn.trace(recursive=False, flatten=True,
+               concrete_args=upstream_concrete_args(attn.mod, ["hidden_states"]))
+    calls = [n.target for n in attn.mod.graph.nodes if n.op == "call_module"]
+    assert calls == ["query", "key", "value"]
