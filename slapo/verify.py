@@ -140,7 +140,15 @@ class Verify(contextlib.ContextDecorator):
     def __init__(self, sch, example_inputs, example_outputs=None, loss_fn: Callable | None = None,
                  eval_mode: bool = True, enable: bool = True, tol: float = 1e-5, seed: int = 2023,
                  device: str | torch.device | None = None,
-                 init_weights: bool | Callable = True):
+                 init_weights: bool | Callable = True, topology=None, config=None):
+        if topology is not None or config is not None:
+            raise NotImplementedError(
+                "slapo.Verify(topology=, config=): verifying a pipeline through DeepSpeed's "
+                "engine is not made here. Verify the schedule before cutting it into stages "
+                "(with slapo.Verify(sch, example_inputs) around the other primitives), then "
+                "cut and build it with build(sch, target='pipeline', "
+                "topology=slapo.Topology(dp=, pp=, tp=)), whose stages compute what the "
+                "traced model computes")
         self.sch, self.inputs, self.targets = sch, example_inputs, example_outputs
         self.loss_fn, self.eval_mode, self.enable = loss_fn, eval_mode, enable
         self.tol, self.seed = tol, seed

@@ -224,3 +224,14 @@ def test_flash_attention_matches_gpt2_attention_within_upstreams_tolerance():
     torch.testing.assert_close(grad, grad_ref, atol=5e-2, rtol=5e-2)
     # without the causal mask the two differ: the reference changed, not the op
     assert not torch.allclose(attn(x, mask, None)[0], ref(x, None, mask)[0], atol=5e-2)
+
+
+def test_verify_of_a_deepspeed_pipeline_says_how_to_check_it_here():
+    sch = slapo.create_schedule(nn.Linear(2, 2))
+    with pytest.raises(NotImplementedError, match=r"before cutting it.*target='pipeline'"):
+        slapo.Verify(sch, [torch.ones(1, 2)], topology=object(), config={})
+
+
+def test_upstreams_automatic_sharding_is_refused_with_the_way_to_shard_here():
+    with pytest.raises(ImportError, match=r"no automatic sharding.*shard\(.*sync\("):
+        from slapo.sharding import Solver  # noqa: F401
