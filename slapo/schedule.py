@@ -22,6 +22,7 @@ from . import state
 from .primitives import get_primitive
 from .primitives.shard import shard_spec
 from .sharding import world_size
+from .tracing import is_flattened
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,6 @@ class Schedule:
         graph that ``trace(flatten=True)`` made get no children of their own: the graph calls
         the modules inside them directly, so scheduling those through the tree is refused
         (as upstream Slapo refuses it); ``get_module`` still reaches them."""
-        from .tracing import is_flattened
-
         self.child = {name: Schedule(sub, name, self, self.group)
                       for name, sub in self.mod.named_children()}
         if is_flattened(self.mod):
@@ -156,7 +155,7 @@ class Schedule:
         for part in path.split(".") if path else []:
             if part not in node.child:
                 full = f"{self.path}.{path}" if self.path else path
-                if node.parent is not None and _flattened(node.parent.mod) and \
+                if node.parent is not None and is_flattened(node.parent.mod) and \
                         hasattr(node.mod, part):
                     owner, rel = node.parent.path, full[len(node.parent.path):].lstrip(".")
                     raise KeyError(f"'{full}' is inside the graph that trace(flatten=True) "
@@ -221,11 +220,6 @@ class Schedule:
     def __repr__(self) -> str:
         return (f"Schedule(path='{self.path}', mod={type(self.mod).__name__}, "
                 f"world_size={self.world_size})")
-
-
-def _flattened(mod: nn.Module) -> bool:
-    from .tracing import is_flattened
-    return is_flattened(mod)
 
 
 def create_schedule(model: nn.Module, group: dist.ProcessGroup | None = None) -> Schedule:

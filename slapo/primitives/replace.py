@@ -111,9 +111,9 @@ def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
       node. Modules inside one that was replaced are left alone (they went with it).
     - ``target`` any pattern ``find`` takes: each match (in this node's graph and the traced
       graphs below it) is replaced as by ``replace(new, subgraph=match)`` with
-      ``new = make_mod_fn(path, match, **kwargs)`` (a module or a function), registered under
-      upstream's default name (numbered in graph order). Matches are replaced last to first,
-      so that a match that feeds a later one stays valid.
+      ``new = make_mod_fn(path, match, **kwargs)``: a module, registered under upstream's
+      default name (numbered in graph order), or a function, called as itself. Matches are
+      replaced last to first, so that a match that feeds a later one stays valid.
 
     - ``target`` a regex string: each node it finds is replaced on its own, with
       ``make_mod_fn(path, (path, node), **kwargs)``.
@@ -136,7 +136,8 @@ def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
     found = sch.find(target)  # Match objects, or (path, node) pairs for a regex
     paths = [f.path if isinstance(f, Match) else f[0] for f in found]
     news = [make_mod_fn(path, f, **kwargs) for path, f in zip(paths, found)]
-    names = _names_in_graph_order(sch, paths, news)
+    names = _names_in_graph_order(sch, paths, news)  # a function: called as itself, no name
+    names = [name if isinstance(new, nn.Module) else None for name, new in zip(names, news)]
     from ._subgraph import replace_subgraph
     for f, new, name in reversed(list(zip(found, news, names))):
         replace_subgraph(sch, new, f, name, exact_name=True)
