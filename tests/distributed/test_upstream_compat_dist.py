@@ -79,3 +79,44 @@ def _embedding():
 def test_gen_embedding_hooks_make_a_vocabulary_parallel_embedding():
     for same_output, same_grad in run_ranks(_embedding):
         assert same_output and same_grad
+
+
+class MLP(nn.Module):
+    def __init__(self, bias: bool):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32, bias=bias), nn.Linear(32, 16, bias=bias)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def _mlps():
+    results = {}
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 16)
+    # projections without bias (GPT-Neo's attention), Megatron's column/row split
+    sch = slapo.create_schedule(MLP(bias=False))
+    with slapo.Verify(sch, [x]):
+        sch["fc1"].shard("weight", axis=0)
+        sch["fc1"].sync("bwd_post", "all_reduce")
+        sch["fc2"].shard("weight", axis=1)
+        sch["fc2"].sync("fwd_post", "all_reduce")
+    results["no bias"] = "passed"
+    # upstream's resharding scheme on a model made on the meta device
+    with slapo.init_empty_weights():
+        model = MLP(bias=True)
+    sch = slapo.create_schedule(model)
+    with slapo.Verify(sch, [x], device="cpu"):
+        sch["fc1"].shard("weight", axis=0)
+        sch["fc1"].shard("bias", axis=0)
+        sch["fc1"].sync("fwd_post", sync_op_or_fn="RS->SR")
+        sch["fc1"].sync("fwd_post", sync_op_or_fn="SR->RS")
+        sch["fc2"].shard("weight", axis=1)
+        sch["fc2"].sync("fwd_post", sync_op_or_fn="all_reduce")
+    results["meta reshard"] = "passed"
+    return results
+
+
+def test_mlps_without_bias_and_resharded_on_the_meta_device_train_as_plain():
+    for results in run_ranks(_mlps):
+        assert results == {"no bias": "passed", "meta reshard": "passed"}
