@@ -203,18 +203,20 @@ class _PatternTracer(fx.Tracer):
 
 
 def _pattern_graph_module(pattern) -> fx.GraphModule:
-    """The pattern as a GraphModule (the module lets the matcher look up its submodules)."""
+    """The pattern as a GraphModule (the module lets the matcher look up its submodules),
+    with one placeholder per use of each argument."""
     if isinstance(pattern, fx.GraphModule):
-        return pattern
-    if isinstance(pattern, fx.Graph):
-        return fx.GraphModule(pattern.owning_module or nn.Module(), pattern)
-    try:
-        if isinstance(pattern, Pattern):
-            gm = fx.GraphModule(pattern, _PatternTracer().trace(pattern))
-        else:
-            gm = fx.symbolic_trace(pattern)
-    except Exception as err:
-        raise ValueError(f"cannot trace the pattern {_name(pattern)}: {err}") from err
+        gm = pattern
+    elif isinstance(pattern, fx.Graph):
+        gm = fx.GraphModule(pattern.owning_module or nn.Module(), pattern)
+    else:
+        try:
+            if isinstance(pattern, Pattern):
+                gm = fx.GraphModule(pattern, _PatternTracer().trace(pattern))
+            else:
+                gm = fx.symbolic_trace(pattern)
+        except Exception as err:
+            raise ValueError(f"cannot trace the pattern {_name(pattern)}: {err}") from err
     unused = [n.target for n in gm.graph.nodes if n.op == "placeholder" and not n.users]
     if unused:
         raise ValueError(f"pattern {_name(pattern)} does not use its argument(s) "
