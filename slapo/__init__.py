@@ -9,6 +9,7 @@
 ``slapo.list_primitives()`` lists the primitives; ``help(sch.<primitive>)`` explains one.
 """
 
+from . import framework_dialect, pipeline
 from .build import build, build_module, init_empty_weights
 from .pattern import ModulePattern, Pattern, call_module
 from .primitives import get_primitive, list_primitives, register_primitive
@@ -25,4 +26,5 @@ __version__ = "0.1.0"
 __all__ = ["ModulePattern", "Pattern", "Schedule", "ShardSpec", "Topology", "Verify", "build",
            "build_module", "call_module", "checkpoint", "create_schedule", "get_annotations",
            "get_cuda_rng_tracker", "get_primitive", "init_empty_weights", "list_primitives",
-           "register_primitive", "set_random_seed", "shard_spec"]
+           "register_primitive", "set_random_seed", "shard_spec",
+           "framework_dialect", "pipeline"]  # subpackages upstream code reads as attributes

@@ -16,8 +16,6 @@ from . import state
 from .primitives.shard import full_layout, local_slice, shard_spec
 from .sharding import first_rank, gather_sharded, world_size
 
-TARGETS = (None, "deepspeed", "pipeline")
-
 
 def build(sch, target: str | None = None, init_weights: bool | Callable = True,
           device: str | torch.device | None = None, **kwargs) -> tuple:
@@ -29,7 +27,8 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
     - ``None``: ``(the scheduled nn.Module, None)``;
     - ``"deepspeed"``: ``deepspeed.initialize`` on the scheduled model with ``config=`` (a
       dict or a JSON path) and, optionally, ``optimizer=``: ``(engine, optimizer)``
-      (``slapo.engines``);
+      (``slapo.engines``); any target a ``"runtime_engine"`` dialect is registered for
+      (``slapo.framework_dialect``) runs the same way;
     - ``"pipeline"`` (after ``trace`` and ``cut_pipeline_stage``): this rank's stage on
       ``torch.distributed.pipelining``, ``(slapo.pipeline.PipelineBuild, None)``; ``kwargs`` go
       to ``slapo.pipeline.build_pipeline`` (``n_microbatches``, ``loss_fn``,
@@ -51,8 +50,6 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
 
     ``build_module(sch)`` is the short form for the module alone, keeping its weights.
     """
-    if target not in TARGETS:
-        raise ValueError(f"unknown build target {target!r}; expected one of {TARGETS}")
     if target == "pipeline":
         from .pipeline import build_pipeline
         pipe = build_pipeline(sch, device=device, **kwargs)
@@ -62,13 +59,14 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
                 broadcast=stage_group is not None, shard_group=sch.group)
         pipe.sync_tied_weights()  # tied weights held by several stages start alike
         return pipe, None
-    model = _finish(sch.mod, init_weights, device, group=sch.group, broadcast=True)
-    if target == "deepspeed":
-        from .engines import deepspeed_engine
-        return deepspeed_engine(model, **kwargs)
-    if kwargs:
+    from .framework_dialect import get_all_dialects, get_dialect_cls
+    if target not in get_all_dialects("runtime_engine"):
+        known = (*get_all_dialects("runtime_engine"), "pipeline")
+        raise ValueError(f"unknown build target {target!r}; expected one of {known}")
+    if target is None and kwargs:
         raise ValueError(f"unexpected options for target None: {', '.join(kwargs)}")
-    return model, None
+    model = _finish(sch.mod, init_weights, device, group=sch.group, broadcast=True)
+    return get_dialect_cls("runtime_engine", target)(model, **kwargs)
 
 
 def build_module(sch, init_weights: bool | Callable = False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -97,3 +98,39 @@ def _channel_view(bias: torch.Tensor, module: nn.Module, out: torch.Tensor) -> t
     if isinstance(module, nn.modules.conv._ConvNd):
         return bias.view(1, -1, *([1] * (out.dim() - 2)))
     return bias
+
+
+# A module's hooks as torch keeps them: the ordered dicts of hooks by handle id, and the dicts
+# (handle id -> True) that mark how each is called.
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
+_HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+               "_forward_hooks_always_called")
+HOOK_KINDS = {"fwd_pre": ("_forward_pre_hooks",), "fwd_post": ("_forward_hooks",),
+              "bwd_post": ("_backward_hooks", "_backward_pre_hooks")}
+
+
+def move_hooks(old: nn.Module, new: nn.Module, kinds=tuple(HOOK_KINDS),
+               keep: Callable[[Callable], bool] = lambda hook: True) -> None:
+    """Move ``old``'s hooks of ``kinds`` (``"fwd_pre"``, ``"fwd_post"``, ``"bwd_post"``) for
+    which ``keep(hook)`` holds onto ``new``, ahead of ``new``'s own, each called as it was
+    (with kwargs, always called, full backward hook); a forward post-op chain (``sync``)
+    moves with the forward hooks. ``new`` then runs them where ``old`` did."""
+    for kind in kinds:
+        for attr in HOOK_KINDS[kind]:
+            moved = OrderedDict((i, h) for i, h in getattr(old, attr).items() if keep(h))
+            if not moved:
+                continue
+            for i in moved:
+                del getattr(old, attr)[i]
+            merged = OrderedDict(moved)
+            merged.update(getattr(new, attr))
+            setattr(new, attr, merged)
+            for flag in _HOOK_FLAGS:
+                marks = getattr(old, flag)
+                getattr(new, flag).update({i: marks.pop(i) for i in moved if i in marks})
+            if attr == "_backward_hooks":
+                new._is_full_backward_hook = old._is_full_backward_hook
+    if "fwd_post" in kinds and (chain := state.post_chain_of(old)) is not None:
+        state.set_post_chain(new, chain)
+        if state.has_deferred_bias(old):
+            state.mark_deferred_bias(new)

@@ -14,7 +14,10 @@ A pattern is one of:
     submodule (``nn.Linear(1, 1)``) matches calls of a module of its class;
   - a functional in ``FUNCTIONAL_MODULES`` (``F.relu``, ``F.gelu``, ``F.linear`` ...) applied to
     one tensor also matches a call of the module class that computes it (``nn.ReLU``...),
-    whatever that module's settings.
+    whatever that module's settings;
+  - an argument of the pattern stands for any value at each of its uses, as upstream's
+    matcher had it: ``F.relu(x) + x`` matches ``relu(conv(x)) + x`` (the two uses of ``x``
+    match two values) as well as ``relu(x) + x``.
 
 ``find_in`` searches the graphs ``graphs_below`` lists and returns upstream's forms: a list of
 ``(path, node)`` for nodes, and for subgraphs a list of ``Match`` (a list of ``(path, node)``
@@ -103,14 +106,18 @@ class Match(list):
     """One match of a subgraph pattern, in upstream Slapo's form: ``(path, node)`` pairs in
     graph order. ``path`` is the path of the graph module holding the match (relative to the
     node ``find`` ran on), ``nodes`` the matched nodes, ``inputs`` the values the pattern's
-    arguments matched (in their order), ``outputs`` the nodes it returns (in its order)."""
+    arguments matched (in the order of the arguments; an argument whose uses matched
+    different values gives each, in the order of use), ``input_names`` the argument each
+    input came from, ``outputs`` the nodes it returns (in its order)."""
 
-    def __init__(self, path: str, nodes: list[fx.Node], inputs: list, outputs: list[fx.Node]):
+    def __init__(self, path: str, nodes: list[fx.Node], inputs: list, outputs: list[fx.Node],
+                 input_names: list[str] | None = None):
         super().__init__((path, n) for n in nodes)
         self.path = path
         self.nodes = list(nodes)
         self.inputs = inputs
         self.outputs = outputs
+        self.input_names = input_names
 
     def __repr__(self) -> str:
         return f"Match(path={self.path!r}, nodes={[n.name for n in self.nodes]})"
@@ -196,22 +203,43 @@ class _PatternTracer(fx.Tracer):
 
 
 def _pattern_graph_module(pattern) -> fx.GraphModule:
-    """The pattern as a GraphModule (the module lets the matcher look up its submodules)."""
+    """The pattern as a GraphModule (the module lets the matcher look up its submodules),
+    with one placeholder per use of each argument."""
     if isinstance(pattern, fx.GraphModule):
-        return pattern
-    if isinstance(pattern, fx.Graph):
-        return fx.GraphModule(pattern.owning_module or nn.Module(), pattern)
-    try:
-        if isinstance(pattern, Pattern):
-            gm = fx.GraphModule(pattern, _PatternTracer().trace(pattern))
-        else:
-            gm = fx.symbolic_trace(pattern)
-    except Exception as err:
-        raise ValueError(f"cannot trace the pattern {_name(pattern)}: {err}") from err
+        gm = pattern
+    elif isinstance(pattern, fx.Graph):
+        gm = fx.GraphModule(pattern.owning_module or nn.Module(), pattern)
+    else:
+        try:
+            if isinstance(pattern, Pattern):
+                gm = fx.GraphModule(pattern, _PatternTracer().trace(pattern))
+            else:
+                gm = fx.symbolic_trace(pattern)
+        except Exception as err:
+            raise ValueError(f"cannot trace the pattern {_name(pattern)}: {err}") from err
     unused = [n.target for n in gm.graph.nodes if n.op == "placeholder" and not n.users]
     if unused:
         raise ValueError(f"pattern {_name(pattern)} does not use its argument(s) "
                          f"{', '.join(unused)}")
+    return _one_placeholder_per_use(gm)
+
+
+_ARGUMENT = "slapo_pattern_argument"  # placeholder.meta key: the pattern argument it stands for
+
+
+def _one_placeholder_per_use(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of the pattern whose arguments have one placeholder for each use, next to each
+    other, so that each use matches a value of its own (upstream's matcher)."""
+    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    for ph in [n for n in gm.graph.nodes if n.op == "placeholder"]:
+        ph.meta[_ARGUMENT] = ph.target
+        anchor = ph
+        for k, user in enumerate(list(ph.users)[1:], start=1):
+            with gm.graph.inserting_after(anchor):
+                anchor = gm.graph.placeholder(f"{ph.target}__use{k}")
+            anchor.meta[_ARGUMENT] = ph.target
+            user.replace_input_with(ph, anchor)
+    gm.graph.lint()
     return gm
 
 
@@ -264,6 +292,11 @@ class _Matcher(SubgraphMatcher):
         return self._accepted(call, gn)
 
     def _match_nodes(self, pn: fx.Node, gn: fx.Node, match, node_name_match: str = "") -> bool:
+        if pn.op == "placeholder":  # one use of a pattern argument: any value, even one
+            if pn in match.nodes_map:  # that another use or argument matched
+                return match.nodes_map[pn] == gn
+            match.nodes_map[pn] = gn
+            return True
         call = self._call_of(pn, gn)
         if call is None:
             return super()._match_nodes(pn, gn, match, node_name_match)
@@ -292,12 +325,18 @@ def _match_subgraph(path: str, gm: fx.GraphModule, pattern_gm: fx.GraphModule,
                     ignore_literals: bool) -> list[Match]:
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     found = []
+    placeholders = [n for n in pattern_gm.graph.nodes if n.op == "placeholder"]
     for match in _Matcher(pattern_gm, ignore_literals).match(gm.graph):
         compute = [gn for pn, gn in match.nodes_map.items()
                    if pn.op not in ("placeholder", "output")]
         compute.sort(key=order.__getitem__)
-        found.append(Match(path, compute, list(match.placeholder_nodes),
-                           list(match.returning_nodes)))
+        inputs, names = [], []
+        for ph in placeholders:  # each argument's values once, in the order of its uses
+            name, value = ph.meta.get(_ARGUMENT, ph.target), match.nodes_map[ph]
+            if not any(n == name and v is value for n, v in zip(names, inputs)):
+                inputs.append(value)
+                names.append(name)
+        found.append(Match(path, compute, inputs, list(match.returning_nodes), names))
     found.sort(key=lambda m: order[m.nodes[0]])
     return found
 

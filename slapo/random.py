@@ -27,26 +27,46 @@ def _canonical(name: str) -> str:
 
 
 class RNGStreams:
-    """Generator states by stream name; each state holds the CPU state and, when CUDA is in
-    use, the current CUDA device's state."""
+    """Generator states by stream name (Megatron-LM's ``CudaRNGStatesTracker`` contract).
+
+    Each stream holds the CPU generator's state and, when CUDA is in use, the current CUDA
+    device's. ``get_states``/``set_states`` speak Megatron-LM's form, one state per name: the
+    state of the generator the streams drive (CUDA's where it is in use, else the CPU's).
+    As there, a name and a seed serve one stream each (``add`` raises otherwise);
+    ``reset`` forgets all, and ``slapo.set_random_seed`` seeds its stream anew each time."""
 
     def __init__(self):
         self._states: dict[str, dict[str, torch.Tensor]] = {}
+        self._seeds: dict[str, int] = {}
 
     def has(self, name: str) -> bool:
         return _canonical(name) in self._states
 
     def reset(self) -> None:
-        """Forget every stream."""
-        self._states = {}
+        """Forget every stream and seed."""
+        self._states, self._seeds = {}, {}
 
-    def add(self, name: str, seed: int) -> None:
-        """Create (or reset) stream ``name`` from ``seed`` without touching the default state."""
+    def add(self, name: str, seed: int, *, unique_seed: bool = True) -> None:
+        """Create stream ``name`` from ``seed`` without touching the default state; a name or
+        (unless ``unique_seed=False``) a seed that another stream has is an error, as in
+        Megatron-LM's tracker."""
         name = _canonical(name)
+        if name in self._states:
+            raise ValueError(f"random stream {name!r} exists already (reset() or discard() it "
+                             "first, or use another name)")
+        if unique_seed and seed in self._seeds.values():
+            raise ValueError(f"seed {seed} seeds another random stream already; streams need "
+                             "seeds of their own")
         state = {"cpu": torch.Generator().manual_seed(seed).get_state()}
         if torch.cuda.is_available():
             state["cuda"] = torch.Generator(device="cuda").manual_seed(seed).get_state()
-        self._states[name] = state
+        self._states[name], self._seeds[name] = state, seed
+
+    def discard(self, name: str) -> None:
+        """Forget stream ``name`` and its seed, if it exists."""
+        name = _canonical(name)
+        self._states.pop(name, None)
+        self._seeds.pop(name, None)
 
     @contextlib.contextmanager
     def fork(self, name: str = TENSOR_PARALLEL):
@@ -63,27 +83,37 @@ class RNGStreams:
             self._states[name] = _capture()
             _restore(outside)
 
-    def get_states(self) -> dict[str, dict[str, torch.Tensor]]:
-        return {name: dict(state) for name, state in self._states.items()}
+    def get_states(self) -> dict[str, torch.Tensor]:
+        """Each stream's state, by name, of the generator it drives (Megatron-LM's form)."""
+        return {name: state.get(_DEVICE, state.get("cpu")) for name, state in
+                self._states.items()}
 
-    def set_states(self, states: dict[str, dict[str, torch.Tensor]]) -> None:
-        self._states = {name: dict(state) for name, state in states.items()}
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        """Replace the streams by ``states`` (as ``get_states`` gives them)."""
+        self._states = {_canonical(name): {_DEVICE: value} for name, value in states.items()}
 
     def checkpoint_contexts(self):
         """``context_fn`` for ``torch.utils.checkpoint``: the recomputation sees the streams as
         they were when the checkpointed forward started; afterwards they continue unchanged."""
-        at_forward = self.get_states()
+        at_forward = self._snapshot()
 
         @contextlib.contextmanager
         def recompute():
-            latest = self.get_states()
-            self.set_states(at_forward)
+            latest = self._snapshot()
+            self._states = at_forward
             try:
                 yield
             finally:
-                self.set_states(latest)
+                self._states = latest
 
         return contextlib.nullcontext(), recompute()
+
+    def _snapshot(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {name: dict(state) for name, state in self._states.items()}
+
+
+# The generator whose state get_states() reports: the one dropout on the model's device uses.
+_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _capture() -> dict[str, torch.Tensor]:
@@ -94,7 +124,8 @@ def _capture() -> dict[str, torch.Tensor]:
 
 
 def _restore(state: dict[str, torch.Tensor]) -> None:
-    torch.set_rng_state(state["cpu"])
+    if "cpu" in state:
+        torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_initialized():
         torch.cuda.set_rng_state(state["cuda"])
 
@@ -109,9 +140,9 @@ def rng_streams() -> RNGStreams:
 
 def get_cuda_rng_tracker() -> RNGStreams:
     """The stream registry under upstream Slapo's (and Megatron-LM's) name: ``add(name,
-    seed)``, ``fork(name="tensor_parallel")``, ``get_states()``, ``set_states()``, ``reset()``.
-    Despite the name it is device-agnostic: each stream holds the CPU generator's state and,
-    where CUDA is in use, the current device's."""
+    seed)``, ``fork(name="model-parallel-rng")``, ``get_states()``, ``set_states()``,
+    ``reset()``. Despite the name it is device-agnostic: each stream holds the CPU generator's
+    state and, where CUDA is in use, the current device's."""
     return _STREAMS
 
 
@@ -145,6 +176,7 @@ def manual_seed(seed: int, rank: int = 0, stream: str = TENSOR_PARALLEL) -> None
     """Seed the default generator with ``seed`` (identical on all ranks) and the per-rank stream
     with ``seed + STREAM_SEED_OFFSET + rank``."""
     torch.manual_seed(seed)
+    _STREAMS.discard(stream)  # seeding again starts the stream anew
     _STREAMS.add(stream, seed + STREAM_SEED_OFFSET + rank)
 
 

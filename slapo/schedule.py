@@ -22,6 +22,7 @@ from . import state
 from .primitives import get_primitive
 from .primitives.shard import shard_spec
 from .sharding import world_size
+from .tracing import is_flattened
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,15 @@ class Schedule:
         self._rebuild_children()
 
     def _rebuild_children(self) -> None:
-        """(Re)create the child nodes from the current module's children."""
+        """(Re)create the child nodes from the current module's children. The children of a
+        graph that ``trace(flatten=True)`` made get no children of their own: the graph calls
+        the modules inside them directly, so scheduling those through the tree is refused
+        (as upstream Slapo refuses it); ``get_module`` still reaches them."""
         self.child = {name: Schedule(sub, name, self, self.group)
                       for name, sub in self.mod.named_children()}
+        if is_flattened(self.mod):
+            for child in self.child.values():
+                child.child = {}
         self.root._param_owners = None  # the module structure may have changed
 
     def param_owners(self, param) -> list[tuple[nn.Module, str]]:
@@ -148,6 +155,15 @@ class Schedule:
         for part in path.split(".") if path else []:
             if part not in node.child:
                 full = f"{self.path}.{path}" if self.path else path
+                if node.parent is not None and is_flattened(node.parent.mod) and \
+                        hasattr(node.mod, part):
+                    owner, rel = node.parent.path, full[len(node.parent.path):].lstrip(".")
+                    raise KeyError(f"'{full}' is inside the graph that trace(flatten=True) "
+                                   f"made of '{owner or '<root>'}', which calls its modules "
+                                   f"directly ('{rel}'), so it has no schedule: reach it with "
+                                   f"get_module('{rel}') on the schedule of "
+                                   f"'{owner or '<root>'}', schedule it before tracing, or "
+                                   "trace with flatten=False")
                 if part in dict(node.mod.named_parameters(recurse=False)):
                     raise KeyError(f"'{full}' is a parameter, not a submodule: use "
                                    f"sch['{node.path}'] and pass '{part}' to the primitive")
@@ -161,9 +177,17 @@ class Schedule:
         return node
 
     def get_module(self, path: str) -> nn.Module:
-        """The module at ``path`` relative to this node: ``sch[path].mod`` (upstream
-        Slapo's spelling)."""
-        return self[path].mod
+        """The module at ``path`` relative to this node (upstream Slapo's spelling):
+        ``sch[path].mod``, or a module inside a graph ``trace(flatten=True)`` made, which
+        has no schedule node of its own."""
+        try:
+            return self[path].mod
+        except KeyError:
+            try:
+                return self.mod.get_submodule(path)
+            except AttributeError:
+                pass
+            raise
 
     def __contains__(self, path: str) -> bool:
         try:

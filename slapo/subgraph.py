@@ -25,13 +25,18 @@ __all__ = ["Subgraph", "as_subgraph", "extract_graph_module", "horizontal", "nod
 
 class Subgraph(list):
     """Nodes of a subgraph in graph order, with ``inputs`` (values from outside: nodes, or
-    constants a pattern argument matched) and ``outputs`` (nodes used outside)."""
+    constants a pattern argument matched), ``input_names`` (the pattern argument of each
+    input, when a pattern made it), ``outputs`` (nodes used outside) and ``parts`` (the
+    subgraphs a side-by-side union was made of; None for one subgraph)."""
 
     def __init__(self, nodes: Iterable[fx.Node], inputs: list | None = None,
-                 outputs: list[fx.Node] | None = None):
+                 outputs: list[fx.Node] | None = None, input_names: list[str] | None = None,
+                 parts: list[Subgraph] | None = None):
         super().__init__(nodes)
         self.inputs = inputs
         self.outputs = outputs
+        self.input_names = input_names
+        self.parts = parts
 
     def __repr__(self) -> str:
         return f"Subgraph({[n.name for n in self]})"
@@ -91,7 +96,7 @@ def as_subgraph(gm: fx.GraphModule, subgraph, where: str) -> Subgraph:
     if missing:
         raise ValueError(f"the subgraph in '{where}' uses {', '.join(missing)} from outside "
                          "but not as one of its inputs")
-    return Subgraph(nodes, list(inputs), outputs)
+    return Subgraph(nodes, list(inputs), outputs, getattr(subgraph, "input_names", None))
 
 
 def horizontal(gm: fx.GraphModule, parts, where: str) -> Subgraph:
@@ -114,7 +119,7 @@ def horizontal(gm: fx.GraphModule, parts, where: str) -> Subgraph:
         inputs += [a for a in sub.inputs
                    if not (isinstance(a, fx.Node) and (a in inputs or a in seen))]
     outputs = [o for sub in subs for o in sub.outputs if any(u not in seen for u in o.users)]
-    return Subgraph(nodes, inputs, outputs)
+    return Subgraph(nodes, inputs, outputs, parts=subs)
 
 
 def _check_connected(nodes, members, where) -> None:
@@ -176,14 +181,19 @@ def extract_graph_module(gm: fx.GraphModule, sub: Subgraph, class_name: str) -> 
     return fx.GraphModule(gm, graph, class_name=class_name)
 
 
-def splice(gm: fx.GraphModule, sub: Subgraph, name: str, module: nn.Module,
-           args: list[Any]) -> fx.Node:
-    """Replace the nodes of ``sub`` by ``module`` (registered as ``name``) called on ``args``;
-    the module returns the outputs (a tuple when there are several)."""
-    if hasattr(gm, name):
+def splice(gm: fx.GraphModule, sub: Subgraph, name: str, new: nn.Module | Any,
+           args: list[Any], kwargs: dict | None = None) -> fx.Node:
+    """Replace the nodes of ``sub`` by one call of ``new`` on ``args`` (and ``kwargs``): a
+    module, registered as ``name`` and called as a submodule, or a function, called as
+    itself (a ``call_function`` node, as upstream Slapo puts a function in the graph, named
+    ``name`` or, for None, after the function). The call returns the outputs (a tuple when
+    there are several)."""
+    is_module = isinstance(new, nn.Module)
+    if is_module and hasattr(gm, name):
         raise ValueError(f"'{name}' is already an attribute of {type(gm).__name__}; choose "
                          "another name")
-    gm.add_submodule(name, module)
+    if is_module:
+        gm.add_submodule(name, new)
     graph = gm.graph
     members = set(sub)
     last = sub[-1]
@@ -199,7 +209,8 @@ def splice(gm: fx.GraphModule, sub: Subgraph, name: str, module: nn.Module,
             depends.add(n)
             moved.append(n)
     with graph.inserting_after(last):
-        call = graph.call_module(name, tuple(args))
+        call = graph.call_module(name, tuple(args), kwargs or {}) if is_module else \
+            graph.create_node("call_function", new, tuple(args), kwargs or {}, name=name)
     anchor = call
     if len(sub.outputs) == 1:
         call.meta[KIND] = sub.outputs[0].meta.get(KIND, "unknown")
@@ -222,10 +233,20 @@ def splice(gm: fx.GraphModule, sub: Subgraph, name: str, module: nn.Module,
     return call
 
 
+# GraphModule.meta key: the submodule names replace, fuse and checkpoint have tried on it.
+_TAKEN = "slapo_taken_names"
+
+
 def unique_name(gm: nn.Module, base: str) -> str:
     """``base_0``, or ``base_1``, ``base_2``, ... if taken: upstream Slapo's names for the
-    submodules that ``replace``, ``fuse`` and ``checkpoint`` add to a graph."""
+    submodules that ``replace``, ``fuse`` and ``checkpoint`` add to a graph. A name counts as
+    taken once it was handed out, even to a replace that then failed (upstream left that
+    module behind), so that the next one is numbered as upstream numbers it."""
+    taken = getattr(gm, "meta", {}).get(_TAKEN, set())
     i = 0
-    while hasattr(gm, f"{base}_{i}"):
+    while hasattr(gm, f"{base}_{i}") or f"{base}_{i}" in taken:
         i += 1
-    return f"{base}_{i}"
+    name = f"{base}_{i}"
+    if isinstance(getattr(gm, "meta", None), dict):
+        gm.meta.setdefault(_TAKEN, set()).add(name)
+    return name

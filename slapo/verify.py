@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .primitives.shard import full_layout, shard_spec
+from .primitives.shard import full_layout, local_slice, shard_spec
 from .sharding import all_gather_forward, first_rank, gather_sharded, world_size
 from .tracing import has_foreign_hooks
 
@@ -126,13 +126,33 @@ class Verify(contextlib.ContextDecorator):
     left as it was: gradients, train/eval mode and the random state are restored.
     ``enable=False`` skips the check. Every rank of the group must enter the block, before any
     primitive has touched the model (the copy must be the plain model).
+
+    ``device`` (upstream's argument): the device the check runs on; the models and the inputs
+    are moved there (the scheduled model stays there). A model whose parameters are on the
+    meta device (``slapo.init_empty_weights``) gets storage there and is initialised first,
+    as ``build`` initialises it (``init_weights``, default: the model's own initialisation;
+    sharded parameters at full shape, sliced): the scheduled model keeps those weights, and
+    the plain copy gets the same full values. Any other model runs from the first rank's
+    weights, as ``build`` broadcasts them: the plain copy takes them and the scheduled
+    model its slices of them (keeping them afterwards).
     """
 
     def __init__(self, sch, example_inputs, example_outputs=None, loss_fn: Callable | None = None,
-                 eval_mode: bool = True, enable: bool = True, tol: float = 1e-5, seed: int = 2023):
+                 eval_mode: bool = True, enable: bool = True, tol: float = 1e-5, seed: int = 2023,
+                 device: str | torch.device | None = None,
+                 init_weights: bool | Callable = True, topology=None, config=None):
+        if topology is not None or config is not None:
+            raise NotImplementedError(
+                "slapo.Verify(topology=, config=): verifying a pipeline through DeepSpeed's "
+                "engine is not made here. Verify the schedule before cutting it into stages "
+                "(with slapo.Verify(sch, example_inputs) around the other primitives), then "
+                "cut and build it with build(sch, target='pipeline', "
+                "topology=slapo.Topology(dp=, pp=, tp=)), whose stages compute what the "
+                "traced model computes")
         self.sch, self.inputs, self.targets = sch, example_inputs, example_outputs
         self.loss_fn, self.eval_mode, self.enable = loss_fn, eval_mode, enable
         self.tol, self.seed = tol, seed
+        self.device, self.init_weights = device, init_weights
         self.original = None
 
     def __enter__(self):
@@ -150,7 +170,8 @@ class Verify(contextlib.ContextDecorator):
         if exc_type is not None or not self.enable:
             return False
         group = self.sch.group
-        inputs = _broadcast(self.inputs, group)
+        self._place(group)
+        inputs = _broadcast(_to(self.inputs, self.device), group)
         scheduled = self.sch.mod
         saved_grads = {name: p.grad for name, p in scheduled.named_parameters()}
         modes = {m: m.training for m in scheduled.modules()}
@@ -170,6 +191,38 @@ class Verify(contextlib.ContextDecorator):
             torch.set_rng_state(rng)
             self.original = None
         return False
+
+    def _place(self, group) -> None:
+        """Both models on ``device`` and starting alike on every rank: a meta model is given
+        storage and initialised (the plain copy gets the full values), any other runs from the
+        first rank's weights (the plain copy takes them, the scheduled model its slices of
+        them, as ``build`` broadcasts them)."""
+        from .build import initialize, materialize
+        scheduled, original = self.sch.mod, self.original
+        if any(p.is_meta for p in scheduled.parameters()):
+            materialize(scheduled, self.device)
+            initialize(scheduled, self.init_weights, group)
+            materialize(original, self.device)
+            plain = dict(original.named_parameters())
+            with torch.no_grad():
+                for name, param in scheduled.named_parameters():  # the same order everywhere
+                    full = full_tensor(param, param.detach(), group)
+                    if name in plain:
+                        plain[name].copy_(full)
+        elif world_size(group) > 1:
+            rank = dist.get_rank(group)
+            plain = dict(original.named_parameters())
+            with torch.no_grad():
+                for param in plain.values():
+                    dist.broadcast(param.data, src=first_rank(group), group=group)
+                for name, param in scheduled.named_parameters():
+                    if name in plain and (spec := shard_spec(param)) is not None:
+                        param.copy_(local_slice(plain[name].data, spec, rank))
+                    elif name in plain and param.shape == plain[name].shape:
+                        param.copy_(plain[name].data)
+        if self.device is not None:
+            scheduled.to(self.device)
+            original.to(self.device)
 
     def _run(self, model: nn.Module, inputs, reference, group):
         """Forward and backward; the output at full shape and the loss."""
@@ -199,6 +252,19 @@ def _main_output(out) -> torch.Tensor:
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
     raise TypeError(f"slapo.Verify: cannot find the output tensor in a {type(out).__name__}")
+
+
+def _to(inputs, device):
+    """``inputs`` (a tensor, a sequence or a dict of them) with their tensors on ``device``."""
+    if device is None:
+        return inputs
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(device)
+    if isinstance(inputs, dict):
+        return {k: _to(v, device) for k, v in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(_to(v, device) for v in inputs)
+    return inputs
 
 
 def _broadcast(inputs, group):

@@ -73,3 +73,20 @@ def _fuse_conv1d_gelu(conv, act) -> None:
         raise ValueError(f"{act.path} is a {type(act.mod).__name__}, not a GeLU to fuse")
     conv.replace(Conv1DGeLU.from_conv1d(conv.mod, approximate))
     act.replace(nn.Identity())
+
+
+def gen_embedding_hooks(sch, vocab_size: int):
+    """Upstream Slapo's hooks for a word embedding sharded by vocabulary, as its scripts
+    install them: ``sch["wte"].sync("fwd_pre", pre)`` and ``sync("fwd_post", post)`` after
+    ``shard("weight", axis=0)``. Here ``shard`` itself makes the embedding look up zeros for
+    ids outside this rank's rows (of ``vocab_size``), so ``pre`` leaves the ids as they are
+    and ``post`` all-reduces the partial embeddings over the schedule's group."""
+    from ..sharding import reduce_forward_output
+
+    def fwd_pre_hook(_module, _args):
+        return None  # the sharded embedding masks the ids outside its rows itself
+
+    def fwd_post_hook(_module, _args, output):
+        return reduce_forward_output(output, sch.group)
+
+    return fwd_pre_hook, fwd_post_hook

@@ -6,12 +6,14 @@ import contextlib
 import functools
 
 import torch
+import torch.fx
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from .. import state
 from ..hooks import outside_graphs
 from ..random import rng_streams
 from . import register_primitive
+from ._subgraph import CHECKPOINT_CLASS
 
 
 @register_primitive()
@@ -24,6 +26,10 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
     the recomputation as in the forward, and gradients equal those without checkpointing.
     Without autograd (``torch.no_grad()``) the module runs as usual. Running statistics of
     batch norms are updated by the forward only, not again by the recomputation.
+
+    The module stays where it is, with its parameter names; its class becomes a subclass
+    named ``CheckPointWrapper`` (upstream Slapo's wrapper's name) whose ``mod`` is the module
+    itself, so that upstream's ``sch["layer"].mod.mod`` still reaches it.
 
     Example::
 
@@ -54,6 +60,39 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
 
     mod.forward = forward
     state.mark_checkpointed(mod)
+    _name_as_upstreams_wrapper(mod)
+
+
+# Upstream Slapo wrapped a checkpointed module in a ``CheckPointWrapper`` holding it as
+# ``.mod``. Here the module is checkpointed in place (its parameter names stay), and its class
+# becomes one named so, whose ``mod`` is the module itself: a subclass (as
+# torch.nn.utils.parametrize swaps a module's class), one per class; a GraphModule has a class
+# of its own already (fx makes one per instance, and its recompile does not allow subclasses),
+# which is renamed instead.
+_WRAPPERS: dict[tuple[type, bool], type] = {}
+
+
+def _as_itself(self):
+    """The checkpointed module itself (upstream's wrapper held it as ``mod``)."""
+    return self
+
+
+def _name_as_upstreams_wrapper(mod: torch.nn.Module) -> None:
+    keep_mod = hasattr(mod, "mod")  # a module of its own named "mod" keeps that meaning
+    cls = type(mod)
+    if isinstance(mod, torch.fx.GraphModule):
+        cls.__name__ = cls.__qualname__ = CHECKPOINT_CLASS
+        if not keep_mod:
+            cls.mod = property(_as_itself)
+        return
+    key = (cls, keep_mod)
+    if key not in _WRAPPERS:
+        body = {"__module__": cls.__module__,
+                "__doc__": f"{cls.__name__}, checkpointed (upstream Slapo's wrapper's name)."}
+        if not keep_mod:
+            body["mod"] = property(_as_itself)
+        _WRAPPERS[key] = type(CHECKPOINT_CLASS, (cls,), body)
+    mod.__class__ = _WRAPPERS[key]
 
 
 def checkpoint_call(fn, *args, **kwargs):

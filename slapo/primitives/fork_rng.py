@@ -28,7 +28,8 @@ def fork_rng(sch, stream: str = TENSOR_PARALLEL, seed: int | None = None) -> Non
     streams = rng_streams()
     if not streams.has(stream):
         base = torch.initial_seed() if seed is None else seed
-        streams.add(stream, base + STREAM_SEED_OFFSET + sch.rank)
+        # a seed given here is the user's choice, even one another stream has
+        streams.add(stream, base + STREAM_SEED_OFFSET + sch.rank, unique_seed=False)
     inner = sch.mod.forward
 
     @outside_graphs(recursive=False)  # the stream switch is eager, the forward inside compiles

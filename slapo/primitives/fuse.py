@@ -69,12 +69,20 @@ def fuse(sch, subgraph, compiler: str | Callable | None = "inductor",
     for a match) become the arguments of the new submodule, its outputs its results. The
     submodule is registered on the graph module holding the subgraph as upstream names it,
     ``<name>_<i>`` (``FusedModule_0``, ``FusedModule_1``, ... by default; ``name="bias_gelu"``:
-    ``bias_gelu_0``, its graph's class ``bias_gelu``). ``compiler``: a backend name from
-    ``torch._dynamo.list_backends()`` (``"inductor"`` generates C++/OpenMP code on CPU,
-    Triton on GPU), a backend function, ``"TorchScript"`` (upstream Slapo's choice:
-    ``torch.jit.script`` of the extracted graph, at once), or None to keep the extracted graph
-    uncompiled. ``torch.compile`` compiles at the first call. Parameter names do not change.
-    Nodes found before the fuse are stale afterwards; call ``find`` again.
+    ``bias_gelu_0``), and its class is named ``name`` (``FusedModule`` by default), as
+    upstream's. ``compiler``:
+
+    - a backend name from ``torch._dynamo.list_backends()`` (``"inductor"``, the default,
+      generates C++/OpenMP code on CPU, Triton on GPU) or a backend function: a
+      ``FusedModule`` that compiles at its first call;
+    - ``"TorchScript"`` (upstream Slapo's choice): the ``torch.jit.script`` of the extracted
+      graph itself, a ``ScriptModule``, compiled at once;
+    - None: no compilation; a subgraph of module calls one after another becomes, as
+      upstream's, an ``nn.Sequential`` of those modules (``fused[0]`` is the first), any
+      other a ``FusedModule`` running the extracted graph.
+
+    Parameter names do not change. Nodes found before the fuse are stale afterwards; call
+    ``find`` again.
 
     Example::
 
@@ -85,9 +93,28 @@ def fuse(sch, subgraph, compiler: str | Callable | None = "inductor",
     """
     check_compiler(compiler)
     owner, sub = resolve(sch, subgraph)
-    inner = extract_graph_module(owner.mod, sub, class_name=name or FusedModule.__name__)
-    name = unique_name(owner.mod, name or FusedModule.__name__)
-    fused = FusedModule(inner, compiler)
-    splice(owner.mod, sub, name, fused, node_inputs(sub))
+    cls_name = name or FusedModule.__name__
+    inner = extract_graph_module(owner.mod, sub, class_name=cls_name)
+    chain = _module_chain(owner.mod, sub) if compiler is None else None
+    if compiler == TORCHSCRIPT:
+        fused = torch.jit.script(inner)
+    elif chain is not None:
+        fused = type(cls_name, (nn.Sequential,), {"__module__": __name__})(*chain)
+    else:
+        fused = type(cls_name, (FusedModule,), {"__module__": __name__})(inner, compiler)
+    splice(owner.mod, sub, unique_name(owner.mod, cls_name), fused, node_inputs(sub))
     owner._rebuild_children()
     return fused
+
+
+def _module_chain(gm: torch.fx.GraphModule, sub) -> list[nn.Module] | None:
+    """The modules ``sub`` calls, if it is a chain of module calls on one input, each taking
+    the previous one's output alone (what an ``nn.Sequential`` computes); else None."""
+    previous = None
+    for node in sub:
+        if node.op != "call_module" or node.kwargs or len(node.args) != 1 or \
+                (previous is not None and node.args[0] is not previous) or \
+                (previous is None and node.args[0] in sub):
+            return None
+        previous = node
+    return [gm.get_submodule(node.target) for node in sub]

@@ -6,7 +6,9 @@ from collections.abc import Callable
 
 from torch import nn
 
+from ..hooks import move_hooks
 from ..pattern import Match
+from ..tracing import is_inert_hook
 from . import register_primitive
 from ._params import set_annotation
 
@@ -26,27 +28,45 @@ class FunctionModule(nn.Module):
 
 
 @register_primitive()
-def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = None) -> None:
+def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = None,
+            concrete_args: dict | None = None) -> None:
     """Replace this node's module with ``new`` (a module, or a function wrapped in one).
 
     The schedule tree is updated in place: this node now schedules ``new`` and its children
-    are ``new``'s children, ready to be scheduled further. Annotations of parameters carry
-    over to the parameters of ``new`` that have the same name.
+    are ``new``'s children, ready to be scheduled further. The old module's hooks (registered
+    with torch, or by ``sync``) move to ``new``, as upstream Slapo moved them, and
+    annotations of parameters carry over to the parameters of ``new`` that have the same
+    name.
 
     Example::
 
         sch["encoder.layer.0.attention.self"].replace(MyFusedAttention(config))
 
     With ``subgraph`` (any form ``find`` returns: one match, a ``(path, node)``, a list of
-    them; or nodes of a traced graph), only that subgraph is replaced, in the graph that holds
-    it (this node's or one below: a match's ``path``): ``new`` is registered on that graph
-    module as upstream names it, ``<name>_<i>`` (``name`` by default the class name:
-    ``FusedQKV_0``, a function's wrapper ``FunctionModule_0``; ``name="qkv"``: ``qkv_0``) and
-    called on the subgraph's inputs, in the order
-    of the pattern's arguments (for nodes: in order of first use); it returns the subgraph's
-    outputs (a tuple when there are several). A list of several matches or nodes is replaced
-    by one call side by side (horizontal fusion): ``new`` takes each match's inputs in turn,
-    each value once, and returns each match's outputs in turn::
+    them; or nodes of a traced graph), only that subgraph is replaced, in the graph that
+    holds it (this node's or one below: a match's ``path``), by one call of ``new``: a
+    module is registered on that graph module as upstream names it, ``<name>_<i>`` (``name``
+    by default the class name: ``FusedQKV_0``; ``name="qkv"``: ``qkv_0``), a function is
+    called as itself (a ``call_function`` node named after it). The call returns the
+    subgraph's outputs (a tuple when there are several) and takes
+
+    - a function for one ``(path, node)`` (a ``find_node`` result): the node's own
+      arguments, as written (``replace(new_view, view_node)`` calls ``new_view(x, shape)``);
+    - for a match: the values its pattern's arguments matched, each to the parameter of
+      ``new`` of the same name when they are named alike, else in the order of the
+      arguments (an argument whose uses matched different values gives each, in the order
+      of use; upstream ordered every input by first use in the graph, so a replacement
+      written for that order gets its inputs right here when its parameters carry the
+      pattern's names);
+    - for nodes: their inputs from outside, in order of first use;
+    - for several matches side by side (horizontal fusion): each match's inputs in turn,
+      each value once, returning each match's outputs in turn.
+
+    ``concrete_args`` are passed as keywords besides (arguments of ``new`` that the
+    subgraph has no value for); a ``new`` that cannot take the call's arguments is an error
+    that says so. The hooks of the module calls replaced go to ``new``: the first call's
+    forward pre-hooks and backward hooks, the last call's forward hooks (any other hook is
+    an error, as upstream's). ::
 
         attn.replace(FusedQKV(...), subgraph=attn.find(r"^(query|key|value)$"), name="qkv")
 
@@ -56,20 +76,25 @@ def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = No
         attn.replace(lambda q, k, v, mask: F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask), subgraph=core, name="sdpa")
     """
-    if not isinstance(new, nn.Module):
-        if not callable(new):
-            raise TypeError(f"replace expects a module or a callable, got {type(new).__name__}")
-        new = FunctionModule(new)
+    if not isinstance(new, nn.Module) and not callable(new):
+        raise TypeError(f"replace expects a module or a callable, got {type(new).__name__}")
     if subgraph is not None:
         from ._subgraph import replace_subgraph
-        replace_subgraph(sch, new, subgraph, name)
+        replace_subgraph(sch, new, subgraph, name, concrete_args=concrete_args)
         return
+    if concrete_args:
+        raise ValueError(f"replace of '{sch.path or '<root>'}': concrete_args applies to the "
+                         "replacement of a subgraph")
+    if not isinstance(new, nn.Module):
+        new = FunctionModule(new)
     old_params = dict(sch.mod.named_parameters())
-    for name, param in new.named_parameters():
-        old = old_params.get(name)
+    for pname, param in new.named_parameters():
+        old = old_params.get(pname)
         if old is not None and old is not param and getattr(old, "slapo_annotations", None):
             for key, value in old.slapo_annotations.items():
                 set_annotation(param, key, value)
+    if new is not sch.mod:
+        move_hooks(sch.mod, new, keep=lambda hook: not is_inert_hook(hook))
     if sch.parent is not None:
         setattr(sch.parent.mod, sch.name, new)
     sch.mod = new
@@ -86,9 +111,9 @@ def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
       node. Modules inside one that was replaced are left alone (they went with it).
     - ``target`` any pattern ``find`` takes: each match (in this node's graph and the traced
       graphs below it) is replaced as by ``replace(new, subgraph=match)`` with
-      ``new = make_mod_fn(path, match, **kwargs)`` (a module or a function), registered under
-      upstream's default name (numbered in graph order). Matches are replaced last to first,
-      so that a match that feeds a later one stays valid.
+      ``new = make_mod_fn(path, match, **kwargs)``: a module, registered under upstream's
+      default name (numbered in graph order), or a function, called as itself. Matches are
+      replaced last to first, so that a match that feeds a later one stays valid.
 
     - ``target`` a regex string: each node it finds is replaced on its own, with
       ``make_mod_fn(path, (path, node), **kwargs)``.
@@ -111,8 +136,8 @@ def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
     found = sch.find(target)  # Match objects, or (path, node) pairs for a regex
     paths = [f.path if isinstance(f, Match) else f[0] for f in found]
     news = [make_mod_fn(path, f, **kwargs) for path, f in zip(paths, found)]
-    news = [new if isinstance(new, nn.Module) else FunctionModule(new) for new in news]
-    names = _names_in_graph_order(sch, paths, news)
+    names = _names_in_graph_order(sch, paths, news)  # a function: called as itself, no name
+    names = [name if isinstance(new, nn.Module) else None for name, new in zip(names, news)]
     from ._subgraph import replace_subgraph
     for f, new, name in reversed(list(zip(found, news, names))):
         replace_subgraph(sch, new, f, name, exact_name=True)

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 from torch import nn
 
 from .. import state
-from ..tracing import has_foreign_hooks, is_traced, trace_module
+from ..hooks import move_hooks
+from ..tracing import is_inert_hook, is_traced, trace_module
 from ..tracing.hf_inputs import example_inputs_from_config
 from . import register_primitive
 
 # Upstream Slapo's tracer names. There is one tracer here (torch.fx with example values); it
-# traces HF blocks too, so both names select it and "huggingface" also makes example inputs
-# from the model config when none are given (slapo.tracing.hf_inputs).
-TRACERS = ("pytorch", "huggingface")
+# traces HF blocks too, so every name selects it: "huggingface" insists on example inputs
+# made from the model config (slapo.tracing.hf_inputs), and "dynamo" takes the tensors of
+# concrete_args as the example call, as upstream's TorchDynamo capture did.
+TRACERS = ("pytorch", "huggingface", "dynamo")
 
 
 @register_primitive()
@@ -33,12 +36,18 @@ def trace(sch, recursive: bool = True, flatten: bool = False, leaves: Iterable =
       ``checkpoint``, ``fork_rng``, a sharded row-parallel Linear) are always leaves.
     - ``flatten``: False keeps the hierarchy (each non-leaf submodule becomes a GraphModule at
       its path, so ``sch["layer.0.attention"]`` still exists); True gives one graph that calls
-      only leaves.
-    - ``tracer``: ``"pytorch"`` or ``"huggingface"`` (upstream's names; both are this one
-      tracer, which traces HF blocks). With ``"huggingface"`` and no ``example_inputs``,
-      example inputs are made from ``config`` (default: the module's ``config``) for the
-      usual argument names (``input_ids``, ``attention_mask``, ``hidden_states`` ...), as
-      upstream's HF tracer made dummy inputs. Another name is a ValueError.
+      only leaves, so the modules below this node's children have no schedule nodes (as
+      upstream: ``sch["attention.self"]`` of a flattened layer is an error saying so, and
+      ``sch.get_module("attention.self")`` reaches the module).
+    - ``tracer``: upstream's names, ``"pytorch"``, ``"huggingface"`` or ``"dynamo"``, all
+      this one tracer (it traces HF blocks). A module of a transformers model traced without
+      ``example_inputs`` gets them made from the model's config (``config``, else the
+      module's or its nearest ancestor's ``config``) for the usual argument names
+      (``input_ids``, ``attention_mask``, ``hidden_states`` ...), as upstream's HF tracer
+      made dummy inputs; ``"huggingface"`` requires that (an argument it cannot make is an
+      error). ``"dynamo"`` takes the tensors given in ``concrete_args`` as the example call
+      (upstream's TorchDynamo capture ran the module on them); the graph keeps module calls
+      and parameter names, where TorchDynamo would inline and rename them.
     - ``config``: the transformers config those example inputs are made from.
     - ``example_inputs``: a dict of named inputs (or a tuple of positional ones). They become
       the graph's inputs and give every value an example shape, which HF blocks need
@@ -48,19 +57,21 @@ def trace(sch, recursive: bool = True, flatten: bool = False, leaves: Iterable =
       given as an input is fixed to its default). Calling the traced module with another value
       for a fixed argument raises an error that says so.
 
-    The traced module still accepts its original call signature. The subtree below this node
-    is rebuilt: its children are the submodules the graph still calls (plain attributes such
-    as ``config`` are kept; parameters the graph never uses are dropped). Parameter names do
-    not change, and random ops run in the same order, so dropout draws the same masks. What
-    Python decided while tracing is fixed in the graph: branches on shapes and flags, the
-    train/eval mode HF attention reads (a warning says when the mode changes later), and
-    attribute values such as a head count, so shard a module before tracing it if sharding
-    changes such values. Stateless submodules (HF activations) are traced into their caller.
-    A schedule root whose loss ``slapo.op.vocab_parallel_loss`` made vocabulary-parallel is
-    traced without that loss (its own forward, returning the sharded logits); the schedule
-    keeps the loss, and ``build(target="pipeline")`` computes it on the last stage.
-    Tracing an already traced module is a no-op. Raises ``slapo.tracing.TraceError`` naming the
-    module (path and class) that could not be traced, and why.
+    The traced module still accepts its original call signature, and the hooks registered on the
+    module (with torch, or by ``sync``) run around it as they did (a forward that ``checkpoint``
+    or ``fork_rng`` replaced cannot be traced: trace first). The subtree below this node is
+    rebuilt: its children are the submodules the graph still calls (plain attributes such as
+    ``config`` are kept; parameters the graph never uses are dropped). Parameter names do not
+    change, and random ops run in the same order, so dropout draws the same masks. What Python
+    decided while tracing is fixed in the graph: branches on shapes and flags, the train/eval
+    mode HF attention reads (a warning says when the mode changes later), and attribute values
+    such as a head count, so shard a module before tracing it if sharding changes such values.
+    Stateless submodules (HF activations) are traced into their caller. A schedule root whose
+    loss ``slapo.op.vocab_parallel_loss`` made vocabulary-parallel is traced without that loss
+    (its own forward, returning the sharded logits); the schedule keeps the loss, and
+    ``build(target="pipeline")`` computes it on the last stage. Tracing an already traced module
+    is a no-op. Raises ``slapo.tracing.TraceError`` naming the module (path and class) that
+    could not be traced, and why.
 
     Example::
 
@@ -73,8 +84,12 @@ def trace(sch, recursive: bool = True, flatten: bool = False, leaves: Iterable =
     where = sch.path or "<root>"
     if tracer not in TRACERS:
         raise ValueError(f"trace of '{where}': unknown tracer {tracer!r}; slapo has one "
-                         f"tracer, spelled {' or '.join(map(repr, TRACERS))} (it traces HF "
+                         f"tracer, spelled {', '.join(map(repr, TRACERS))} (it traces HF "
                          "blocks; give example_inputs where shapes matter)")
+    if tracer == "dynamo" and example_inputs is None and concrete_args:
+        example_inputs = {k: v for k, v in concrete_args.items() if isinstance(v, torch.Tensor)}
+        concrete_args = {k: v for k, v in concrete_args.items() if k not in example_inputs}
+        example_inputs = example_inputs or None
     if is_traced(sch.mod):
         return True
     # A root whose forward vocab_parallel_loss wrapped is traced without the wrapper (the
@@ -95,23 +110,52 @@ def trace(sch, recursive: bool = True, flatten: bool = False, leaves: Iterable =
 
 def _trace(sch, recursive, flatten, leaves, tracer, concrete_args, config, example_inputs,
            leaf_modules, where) -> None:
-    if has_foreign_hooks(sch.mod):
-        raise ValueError(f"'{where}' ({type(sch.mod).__name__}) has hooks or a "
-                         "replaced forward from earlier primitives (sync, checkpoint, fork_rng, "
-                         "shard); trace it before applying them")
+    if "forward" in sch.mod.__dict__:
+        raise ValueError(f"'{where}' ({type(sch.mod).__name__}) has a forward replaced by an "
+                         "earlier primitive (checkpoint, fork_rng); trace it before applying "
+                         "them")
     leaves = [*_as_list(leaves), *_as_list(leaf_modules)]
     if not recursive:
         leaves += _children_as_calls(sch.mod)
-    if tracer == "huggingface" and example_inputs is None:
-        example_inputs = example_inputs_from_config(
-            sch.mod, config if config is not None else getattr(sch.mod, "config", None),
-            concrete_args, where)
+    if example_inputs is None:
+        example_inputs = _inputs_from_model_config(sch, tracer, config, concrete_args, where)
     gm = trace_module(sch.mod, example_inputs=example_inputs, concrete_args=concrete_args,
                       leaves=leaves, flatten=flatten, path=sch.path)
+    # The module's own hooks (registered with torch, or by sync) run around the graph, ahead
+    # of the call adapter, so that they see the module's call as before.
+    move_hooks(sch.mod, gm, keep=lambda hook: not is_inert_hook(hook))
     if sch.parent is not None:
         setattr(sch.parent.mod, sch.name, gm)
     sch.mod = gm
     sch._rebuild_children()
+
+
+def _inputs_from_model_config(sch, tracer, config, concrete_args, where):
+    """Example inputs made from the transformers config of the model the module belongs to
+    (``config``, else the module's or its nearest ancestor's), as upstream's HF tracer made
+    them: required for ``tracer="huggingface"``; for other tracers whenever there is such a
+    config and every argument to trace has a maker (else None: traced without examples)."""
+    if config is None:
+        config = _model_config(sch)
+    if tracer == "huggingface":
+        return example_inputs_from_config(sch.mod, config, concrete_args, where)
+    if config is None:
+        return None
+    try:
+        return example_inputs_from_config(sch.mod, config, concrete_args, where)
+    except (TypeError, ValueError):
+        return None
+
+
+def _model_config(sch):
+    """The transformers config of the module at ``sch`` or of its nearest ancestor."""
+    node = sch
+    while node is not None:
+        config = getattr(node.mod, "config", None)
+        if any(c.__module__.startswith("transformers.") for c in type(config).__mro__):
+            return config
+        node = node.parent
+    return None
 
 
 def _as_list(leaves) -> list:

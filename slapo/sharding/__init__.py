@@ -32,3 +32,12 @@ __all__ = ["FORWARD_OPS", "RESHARD_SCHEMES", "all_gather_forward", "all_gather_f
            "gather_sharded", "reduce_backward_grad", "reduce_forward_output",
            "reduce_scatter_forward", "reduce_scatter_forward_output", "reshard",
            "scatter_forward", "scatter_forward_output", "shard_slice", "world_size"]
+
+
+def __getattr__(name: str):
+    if name == "Solver":  # upstream's automatic sharding, asked for by name
+        raise ImportError("slapo has no automatic sharding (upstream Slapo's "
+                          "slapo.sharding.Solver and its cost model): shard the layers with "
+                          "sch[...].shard(...) and sch[...].sync(...), as the schedules in "
+                          "slapo.model_schedule do")
+    raise AttributeError(f"module 'slapo.sharding' has no attribute '{name}'")

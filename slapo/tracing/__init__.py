@@ -33,7 +33,14 @@ above), ``errors`` (``TraceError``).
 
 from .errors import TraceError
 from .proxies import ITEMS, KIND
-from .tracer import SlapoTracer, has_foreign_hooks, is_traced, trace_module
+from .tracer import (
+    SlapoTracer,
+    has_foreign_hooks,
+    is_flattened,
+    is_inert_hook,
+    is_traced,
+    trace_module,
+)
 
-__all__ = ["ITEMS", "KIND", "SlapoTracer", "TraceError", "has_foreign_hooks", "is_traced",
-           "trace_module"]
+__all__ = ["ITEMS", "KIND", "SlapoTracer", "TraceError", "has_foreign_hooks", "is_flattened",
+           "is_inert_hook", "is_traced", "trace_module"]

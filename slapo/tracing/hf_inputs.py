@@ -1,8 +1,9 @@
-"""Example inputs made from a transformers config, for ``trace(tracer="huggingface")``.
+"""Example inputs made from a transformers config, for ``trace`` of a transformers module.
 
 Upstream Slapo's "huggingface" tracer (transformers' fx tracer) made dummy inputs itself, from
-the argument names. Ours traces HF blocks when it knows example shapes, so the same spelling
-makes example inputs for the usual argument names from the model's config: each argument of
+the argument names. Ours traces HF blocks when it knows example shapes, so ``trace`` of a
+module of a transformers model makes example inputs for the usual argument names from the
+model's config, whatever tracer is named: each argument of
 ``forward`` that ``concrete_args`` does not fix becomes an input if it has no default and a
 name below (``_MAKERS``), or if it is one of the main inputs (``_MAIN``) even with a default;
 any other argument keeps its default (one without a default is an error that names it).

@@ -44,6 +44,7 @@ from .proxies import (
 _CONSTRUCTORS = ("arange", "zeros", "ones", "full", "empty", "tensor", "eye", "rand", "randn",
                  "randint", "linspace")
 _TRACED_FROM = "slapo_traced_from"  # GraphModule.meta key: the class of the traced module
+_FLATTENED = "slapo_flattened"  # GraphModule.meta key: True when traced with flatten=True
 
 
 # --- patching torch constructors --------------------------------------------------------
@@ -82,7 +83,9 @@ class _PatchConstructors:
 _INERT_HOOK_MODULES = ("transformers.utils.output_capturing",)
 
 
-def _inert(hook) -> bool:
+def is_inert_hook(hook) -> bool:
+    """slapo's call adapter, or a hook of transformers' output capturing: plumbing that
+    tracing may drop, not a hook that changes what the module computes."""
     return isinstance(hook, CallAdapter) or \
         getattr(hook, "__module__", "").startswith(_INERT_HOOK_MODULES)
 
@@ -92,7 +95,7 @@ def has_foreign_hooks(mod: nn.Module) -> bool:
     capturing), or a forward patched on the instance."""
     hooks = [*mod._forward_pre_hooks.values(), *mod._forward_hooks.values(),
              *mod._backward_hooks.values(), *mod._backward_pre_hooks.values()]
-    return "forward" in mod.__dict__ or any(not _inert(h) for h in hooks)
+    return "forward" in mod.__dict__ or any(not is_inert_hook(h) for h in hooks)
 
 
 def _stateless(m: nn.Module) -> bool:
@@ -120,8 +123,8 @@ class SlapoTracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if state.is_leaf(m) or has_foreign_hooks(m):
             return True
-        if type(m).__name__ == "OptimizedModule":  # torch.compile's wrapper
-            return True
+        if type(m).__name__ == "OptimizedModule" or isinstance(m, torch.jit.ScriptModule):
+            return True  # compiled (torch.compile's wrapper, TorchScript): one call
         rel = f"{self.rel}.{qualname}" if self.rel and qualname else (self.rel or qualname)
         for leaf in self.leaves:
             if isinstance(leaf, type):
@@ -324,6 +327,9 @@ class SlapoTracer(fx.Tracer):
     # -- the root function ------------------------------------------------------------
     def trace_plan(self, root: nn.Module, plan: CallPlan) -> fx.Graph:
         self._plan = plan
+        # A model made on the meta device (init_empty_weights) computes its example values
+        # there: inputs on another device would not meet its parameters.
+        self._on_meta = any(p.is_meta for p in root.parameters())
         with _PatchConstructors():
             return self.trace(root)
 
@@ -352,7 +358,7 @@ class SlapoTracer(fx.Tracer):
                 return meta_of(v)
             if isinstance(v, torch.Tensor) and self.fake_mode is not None and \
                     not isinstance(v, torch._subclasses.FakeTensor):
-                return self.fake_mode.from_tensor(v)
+                return self.fake_mode.from_tensor(v.to("meta") if self._on_meta else v)
             return v
         return pytree.tree_map(convert, value, is_leaf=lambda v: isinstance(v, fx.Proxy))
 
@@ -371,6 +377,7 @@ def trace_module(mod: nn.Module, *, example_inputs=None, concrete_args: dict | N
         from torch._subclasses.fake_tensor import FakeTensorMode
         fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     gm, _ = _trace_graph_module(mod, plan, leaves, flatten, path, "", fake_mode)
+    gm.meta[_FLATTENED] = flatten
     for sub in gm.modules():  # a proxy kept as an attribute would be a tracer bug
         for value in [*sub._parameters.values(), *sub._buffers.values(), *sub.__dict__.values()]:
             if isinstance(value, fx.Proxy):
@@ -444,6 +451,12 @@ def _keep_alias_names(gm: fx.GraphModule, mod: nn.Module) -> None:
             continue
         if field not in owner._parameters:
             owner.register_parameter(field, param)
+
+
+def is_flattened(mod: nn.Module) -> bool:
+    """Whether ``mod`` is a GraphModule that slapo's trace made with ``flatten=True``: its
+    graph calls its submodules' leaves directly, not the submodules."""
+    return is_traced(mod) and bool(mod.meta.get(_FLATTENED))
 
 
 def is_traced(mod: nn.Module) -> bool:

@@ -1,1 +1,1 @@
-"""Upstream Slapo's ``slapo.utils`` helpers (``common.get_hooks``)."""
+"""Upstream Slapo's ``slapo.utils`` helpers (``common.get_hooks``, ``report.report_memory``)."""

@@ -114,7 +114,8 @@ def test_attention_core_replaced_by_sdpa(name, pattern, scale):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
     sch.replace(sdpa, subgraph=core, name="sdpa")
-    assert "softmax" not in sch.mod.code and "sdpa_0" in dict(sch.mod.named_children())
+    assert "softmax" not in sch.mod.code  # the function is called as itself, as upstream
+    assert [n.name for n in sch.mod.graph.nodes if n.target is sdpa] == ["sdpa"]
     scheduled = slapo.build_module(sch)
     assert_trains_alike(train_side_by_side(plain, scheduled, batches, square_loss), name)
 

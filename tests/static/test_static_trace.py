@@ -78,7 +78,11 @@ def test_flatten_and_leaves():
     calls = [n.target for n in sch.mod.graph.nodes if n.op == "call_module"]
     assert calls == ["attention.self", "attention.output.dense", "attention.output.dropout",
                      "attention.output.LayerNorm", "intermediate.dense", "output"]
-    assert type(sch["attention.self"].mod) is BertSelfAttention
+    # The graph calls the modules inside its children: those have no schedule nodes (as
+    # upstream refuses them), and get_module reaches them.
+    assert type(sch.get_module("attention.self")) is BertSelfAttention
+    with pytest.raises(KeyError, match=r"flatten=True.*get_module\('attention.self'\)"):
+        sch["attention.self"]
 
 
 def test_whole_bert_model_trains_like_plain():
@@ -173,10 +177,12 @@ def test_data_dependent_control_flow_error_names_module():
 
 
 def test_shapes_need_example_inputs():
-    from transformers.models.bert.modeling_bert import BertSelfAttention
-    sch = slapo.create_schedule(BertSelfAttention(bert_config()))
+    class Heads(torch.nn.Module):  # no transformers config to make examples from
+        def forward(self, x):
+            return x.view(*x.shape[:-1], -1, 4)
+
     with pytest.raises(TraceError, match="pass example_inputs"):
-        sch.trace()
+        slapo.create_schedule(Heads()).trace()
 
 
 def test_fixed_arguments_are_checked_at_call_time():
@@ -193,11 +199,18 @@ def test_fixed_arguments_are_checked_at_call_time():
         sch.mod(batch["hidden_states"], attention_mask=None)
 
 
-def test_trace_after_sync_is_refused():
+def test_trace_keeps_syncs_and_refuses_a_replaced_forward():
     from transformers.models.bert.modeling_bert import BertIntermediate
-    sch = slapo.create_schedule(BertIntermediate(bert_config()))
-    sch.sync("fwd_post", lambda t: t)
-    with pytest.raises(ValueError, match="trace it before applying them"):
+    plain = BertIntermediate(bert_config())
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch.sync("fwd_pre", lambda t: t * 3)  # a tensor function on the input
+    sch.sync("fwd_post", lambda t: t + 1)  # ... and on the output
+    sch.trace()
+    x = hidden(3, 5, 0)
+    torch.testing.assert_close(sch.mod(x), plain(x * 3) + 1, rtol=0, atol=0)
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch.checkpoint()
+    with pytest.raises(ValueError, match="forward replaced by an earlier primitive"):
         sch.trace()
 
 

@@ -1,6 +1,4 @@
-"""Pipeline parallelism from a traced model: cut points, stage splitting, and the stages
-handed to ``torch.distributed.pipelining`` (``PipelineStage`` and a schedule such as
-``ScheduleGPipe``), which runs them.
+"""Cutting a traced model into pipeline stages.
 
 ``cut_pipeline_stage`` records cuts as module paths on the schedule root. ``split_stages``
 works on a copy of the root graph: a cut inside a nested GraphModule (``trace`` with
@@ -10,30 +8,25 @@ earlier stages produced and later ones use (stage 0: the model's inputs), in gra
 returns those that later stages use; the last stage returns the model's output. Parameters
 and modules stay under their original names in each stage's module. Stages exchange tensors
 only: other values that cross a cut (ints, sizes, devices, tuples, None) are rewritten into
-tensors or rebuilt where they are used (below, at ``CARRIED``).
-
-``build_pipeline`` builds this rank's stage: one stage per rank of a group, or, with a
-``slapo.Topology``, 3D parallelism (tensor-parallel stages, data-parallel replicas).
+tensors or rebuilt where they are used (below, at ``CARRIED``). ``shared_parameters`` names
+the parameters that several stages hold (tied weights).
 
 ``generate_pipeline_partition`` is upstream Slapo's form of the same split: the schedule root
 becomes one module whose children ``submod_0`` ... are the stages, called in turn.
+Running the stages is ``slapo.pipeline.runtime``'s concern.
 """
 
 from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.fx as fx
 
-from . import state
-from .topology import Topology
-from .tracing import ITEMS, KIND, has_foreign_hooks
+from .. import state
+from ..tracing import ITEMS, KIND, has_foreign_hooks
 
 
 def record_cut(sch) -> None:
@@ -367,177 +360,3 @@ def _chain_stages(gm: fx.GraphModule, stages: list[fx.GraphModule]) -> fx.GraphM
     graph.lint()
     children = {f"submod_{k}": stage for k, stage in enumerate(stages)}
     return fx.GraphModule(children, graph, class_name="PipelinePartition")
-
-
-# --- building for torch.distributed.pipelining ------------------------------------------
-@dataclass
-class Tie:
-    """A parameter of this rank's stage that other stages hold too (tied weights): its
-    copies are kept equal over ``group`` (this pipeline's ranks of the stages that hold it),
-    starting from the value on rank ``src`` (the first of them)."""
-    param: torch.nn.Parameter
-    group: Any
-    src: int
-
-
-@dataclass
-class PipelineBuild:
-    """What ``build(sch, target="pipeline")`` returns on each rank.
-
-    ``schedule`` is the ``torch.distributed.pipelining`` schedule (it runs the pipeline),
-    ``stage`` its ``PipelineStage``, ``module`` this rank's stage module (give its parameters
-    to the optimizer). ``step`` calls ``schedule.step`` with the arguments each rank needs.
-    ``topology`` is the ``slapo.Topology`` it was built with (None: one stage per rank of one
-    group); ``ties`` this stage's parameters that other stages hold too.
-    """
-    schedule: Any
-    stage: Any
-    module: fx.GraphModule
-    stage_index: int
-    num_stages: int
-    topology: Any = None
-    ties: list[Tie] = field(default_factory=list)
-
-    @property
-    def is_first(self) -> bool:
-        return self.stage_index == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.stage_index == self.num_stages - 1
-
-    def step(self, *inputs, target=None) -> list[torch.Tensor]:
-        """One training step over this replica's batch: the first stage takes ``inputs``,
-        the last ``target``; then, with data parallelism, the gradients are averaged over the
-        replicas (``reduce_gradients``). Returns the per-microbatch losses on the last stage
-        (else [])."""
-        losses: list[torch.Tensor] = []
-        kwargs = {"target": target, "losses": losses} if self.is_last else {}
-        if self.is_first:
-            self.schedule.step(*inputs, **kwargs)
-        else:
-            self.schedule.step(**kwargs)
-        self.reduce_gradients()
-        return losses
-
-    def reduce_gradients(self) -> None:
-        """Sum the gradients of tied parameters over the stages that hold them, then average
-        this stage's gradients over the data-parallel replicas. ``step`` calls it; call it
-        yourself after ``schedule.step``.
-
-        One all-reduce of all gradients of a dtype, flattened, after the pipeline's backward
-        (rather than DDP on the stage module, whose bucketed hooks the pipeline's per-stage
-        backward would have to drive): simple, and the same in every schedule."""
-        for tie in self.ties:  # each holder has the gradient of its own uses
-            if tie.param.grad is None:
-                tie.param.grad = torch.zeros_like(tie.param)
-            dist.all_reduce(tie.param.grad, group=tie.group)
-        topo = self.topology
-        if topo is None or topo.dp == 1:
-            return
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for param in self.module.parameters():
-            if param.grad is not None:
-                by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
-        for grads in by_dtype.values():
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=topo.data_group)
-            flat /= topo.dp
-            for grad, part in zip(grads, flat.split([g.numel() for g in grads])):
-                grad.copy_(part.view_as(grad))
-
-    def sync_tied_weights(self) -> None:
-        """Give every copy of a tied parameter the first holder's value (``build`` calls it
-        once the weights are initialised)."""
-        with torch.no_grad():
-            for tie in self.ties:
-                dist.broadcast(tie.param.data, src=tie.src, group=tie.group)
-
-
-def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
-                   schedule: str | type = "GPipe", group=None, device=None,
-                   stage_index: int | None = None, topology=None) -> PipelineBuild:
-    """Split the traced model at its cuts and build this rank's stage and schedule.
-
-    Without ``topology``, every rank of ``group`` (default: the schedule's group) is one
-    stage, in rank order (``stage_index`` overrides this rank's). With a ``slapo.Topology``,
-    the schedule's group must be the topology's tensor group (the model was sharded over
-    it); the cuts make ``topology.pp`` stages, this rank builds stage
-    ``topology.stage_index`` in its pipeline group, and ``PipelineBuild.step`` averages the
-    gradients over its data group.
-
-    ``loss_fn(output, target)`` runs on the last stage; without it, the loss the schedule
-    took from the model when its root was traced (``slapo.op.vocab_parallel_loss``: the
-    vocabulary-parallel cross entropy of the sharded logits), if any.
-    """
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import get_schedule_class
-
-    if not dist.is_initialized():
-        raise RuntimeError("build(target='pipeline') needs torch.distributed initialised, one "
-                           "rank per stage")
-    stages = split_stages(sch, tied=True)
-    if loss_fn is None:
-        loss_fn = state.pipeline_loss(sch.root)
-    if topology is not None:
-        if group is not None or stage_index is not None:
-            raise ValueError("build(target='pipeline'): pass topology= or group=/stage_index=, "
-                             "not both (the topology has the pipeline groups)")
-        if not isinstance(topology, Topology):
-            raise TypeError(f"topology= takes a slapo.Topology, got {type(topology).__name__} "
-                            "(for DeepSpeed's PipeModelDataParallelTopology, create "
-                            "slapo.Topology(dp=, pp=, tp=) with its degrees: it makes the "
-                            "process groups)")
-        _check_tensor_group(sch.root, topology)
-        group, rank, world = topology.pipeline_group, topology.stage_index, topology.pp
-        where = f"a topology with pp={world}"
-        stage_ranks = topology.ranks("pipe")
-    else:
-        group = group if group is not None else sch.root.group
-        world = dist.get_world_size(group)
-        rank = dist.get_rank(group) if stage_index is None else stage_index
-        where = f"{world} ranks; a pipeline without topology= needs one rank per stage"
-        stage_ranks = dist.get_process_group_ranks(group) if group is not None \
-            else list(range(world))
-    if len(stages) != world:
-        raise ValueError(f"{len(stages)} pipeline stages ({len(stages) - 1} cuts) for {where}")
-    module = stages[rank]
-    ties = _ties(shared_parameters(stages), rank, stage_ranks, group, module)
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) \
-            if torch.cuda.is_available() else torch.device("cpu")
-    stage = PipelineStage(module, rank, world, device, group=group)
-    cls = get_schedule_class(schedule) if isinstance(schedule, str) else schedule
-    sched = cls(stage, n_microbatches=n_microbatches, loss_fn=loss_fn)
-    return PipelineBuild(sched, stage, module, rank, world, topology, ties)
-
-
-def _ties(shared, stage_index: int, stage_ranks: list[int], group, module) -> list[Tie]:
-    """This stage's ``Tie``s. A tie of every stage uses the pipeline's group; one of some
-    stages a group of their ranks, created by its members only, in the same order on all
-    (``shared`` is the same everywhere)."""
-    groups: dict[tuple[int, ...], Any] = {}
-    ties = []
-    for holders in shared:
-        stages = tuple(k for k, _ in holders)
-        if stage_index not in stages:
-            continue
-        ranks = [stage_ranks[k] for k in stages]
-        if stages not in groups:
-            groups[stages] = group if len(stages) == len(stage_ranks) else \
-                dist.new_group(ranks, use_local_synchronization=True)
-        ties.append(Tie(module.get_parameter(dict(holders)[stage_index]), groups[stages],
-                        src=ranks[0]))
-    return ties
-
-
-def _check_tensor_group(root, topology) -> None:
-    """The schedule must have been sharded over the topology's tensor group."""
-    def ranks(group):
-        return dist.get_process_group_ranks(group) if group is not None \
-            else list(range(dist.get_world_size()))
-    have, want = ranks(root.group), ranks(topology.tensor_group)
-    if have != want:
-        raise ValueError(f"the schedule's group has ranks {have}, but {topology!r} has the "
-                         f"tensor group {want}: create the schedule with "
-                         "create_schedule(model, group=topology.tensor_group)")
