@@ -1,4 +1,4 @@
-"""Benchmark cases: the cfg file format, one case a line (REFERENCE.md).
+"""Benchmark cases: the cfg file format, one case a line (docs/harness.md).
 
 A line reads ``MODE MODEL GPUS SEQ_LEN DEC_SEQ_LEN BATCH_SIZE CKPT``; tokens are split like a
 shell does (:mod:`shlex`), so a batch expression with spaces is quoted. A ``#`` starts a

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch._dynamo
 
 from .. import state
 from . import register_primitive
 from .fuse import check_compiler
-
 
 # Entries per code object (see the docstring): T5's TP schedule on 2 ranks went past 8 for
 # transformers' deprecate_kwarg wrapper alone.
@@ -51,8 +51,6 @@ def compile_region(sch, backend: str | Callable = "inductor", mode: str | None =
             sch[f"model.layers.{i}"].compile()
     """
     check_compiler(backend)
-    import torch._dynamo
-
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     mod = sch.mod

@@ -52,7 +52,7 @@ SLAPO_MODES = ("slapo-megatron", "slapo-deepspeed")
 # the systems whose losses are the reference, in order of preference.
 LOSS_RTOL = 0.01
 LOSS_REFERENCES = ("hf-sdpa", "eager", "hf-compile")
-# REFERENCE.md's anchors on one H200 (bf16, AdamW, 10 timed steps after 3 warm-up), samples/s,
+# Anchors measured on one H200 (bf16, AdamW, 10 timed steps after 3 warm-up), samples/s,
 # shown beside the measured numbers in summary.md (megatron's is its GPT-1.3B for GPT-Neo).
 H200_ANCHORS = {
     ("bert-large-uncased", "eager"): 160, ("bert-large-uncased", "hf-sdpa"): 271,
@@ -214,7 +214,7 @@ def judge(folder) -> list[Verdict]:
         needed = f"{v.threshold:.0%}" if v.target in percent else f"{v.threshold:g}x"
         lines.append(f"| {v.model} | {v.target} | {v.verdict} | {value} | {needed} | {v.detail} |")
     lines += ["", "| model | mode | status | samples/s | TFLOPS | MFU | peak GiB | "
-              "REFERENCE.md H200 anchor |", "|---|---|---|---:|---:|---:|---:|---:|"]
+              "H200 anchor |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for (model, mode), r in sorted(records.items()):
         m = r.metrics
         cells = ([f"{m.samples_per_s:.4g}", f"{m.tflops_per_gpu:.4g}",

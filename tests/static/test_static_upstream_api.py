@@ -1,4 +1,4 @@
-"""Upstream Slapo's static-graph API (issue 14): ``trace(recursive=, tracer=, config=,
+"""Upstream Slapo's static-graph API: ``trace(recursive=, tracer=, config=,
 leaf_modules=)``, ``find`` tracing on demand and returning ``[(path, node), ...]`` / matches
 of ``(path, node)``, ``Pattern`` / ``ModulePattern`` / ``call_module`` and functionals that
 match module calls, every form of ``find`` taken by ``replace``, ``fuse`` and ``checkpoint``,

@@ -1,4 +1,4 @@
-"""Upstream Slapo's spellings (issue 14): init_empty_weights, set_random_seed,
+"""Upstream Slapo's spellings: init_empty_weights, set_random_seed,
 get_cuda_rng_tracker, the function form slapo.checkpoint, Schedule.get_module."""
 
 import random

@@ -1,4 +1,4 @@
-"""Upstream Slapo's smaller names (issue 14): slapo.logger, slapo.utils.common.get_hooks,
+"""Upstream Slapo's smaller names: slapo.logger, slapo.utils.common.get_hooks,
 the RNG tracker's Megatron names, fuse(compiler="TorchScript"), slapo.op.Print,
 FusedMLP(use_torchscript=), annotations as parameter attributes and metadata.param_tags."""
 
