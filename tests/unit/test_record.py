@@ -151,6 +151,9 @@ def test_the_commit_is_the_projects_own_or_none(tmp_path, monkeypatch):
     import subprocess
 
     from slapo_ae import paths
+
+    if shutil.which("git") is None:  # the Docker image has none
+        pytest.skip("git is not installed")
     from slapo_ae.record import ENV_COMMIT, git_commit, source_hash
 
     monkeypatch.delenv(ENV_COMMIT, raising=False)
