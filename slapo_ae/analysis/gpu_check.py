@@ -219,7 +219,7 @@ def judge(folder) -> list[Verdict]:
         m = r.metrics
         cells = ([f"{m.samples_per_s:.4g}", f"{m.tflops_per_gpu:.4g}",
                   "-" if m.mfu is None else f"{m.mfu:.1%}",
-                  f"{max(m.peak_mem_bytes) / 2**30:.1f}"] if r.status == "ok" else ["-"] * 4)
+                  f"{_peak(r) / 2**30:.1f}"] if r.status == "ok" else ["-"] * 4)
         cells.append(str(H200_ANCHORS.get((model, mode), "-")))
         lines.append(f"| {model} | {mode} | {r.status} | " + " | ".join(cells) + " |")
     lines += ["", "## What each system ran (from its record)", ""]

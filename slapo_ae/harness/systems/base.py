@@ -23,7 +23,7 @@ record states its policy (``precision``) and its optimizer (``optimizer``).
 
 Optimizer: ``torch.optim.AdamW`` for every system (:func:`adamw`), with its fused kernel on
 CUDA (one kernel over all parameters: the default foreach implementation was 13% of a step's
-GPU time on one H200) and the default foreach implementation on CPU. The same for the
+GPU time on one H200) and torch's default on CPU (a for-loop there). The same for the
 baselines as for Slapo: the comparison is about the schedule, not the optimizer.
 
 Bf16 weights with fp32 master copies kept by the optimizer (Megatron-LM's Float16Module) are
