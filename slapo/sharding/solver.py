@@ -349,6 +349,10 @@ class Solver:
                 meta = t.detach().to("meta")
                 memo[id(t)] = nn.Parameter(meta, t.requires_grad) \
                     if isinstance(t, nn.Parameter) else meta
+        names = [n.name for n in self.gm.graph.nodes if n.op == "placeholder"]
+        if len(inputs) != len(names):
+            raise ValueError(f"Solver.solve: the graph takes {len(names)} inputs "
+                             f"({', '.join(names)}), got {len(inputs)}")
         meta_gm = copy.deepcopy(self.gm, memo)
         ShapeProp(meta_gm).propagate(*(x.to("meta") if isinstance(x, torch.Tensor) else x
                                        for x in inputs))
