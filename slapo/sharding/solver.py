@@ -78,14 +78,14 @@ class _Model:
         self.constraints, self.costs = [], []
         self.variables = {}
 
-    def operand(self, value: _Value, index: int, producer: _Value | None, allowed=LAYOUTS):
+    def operand(self, value: _Value, index: int, producer: _Value | None,
+                allowed=(RR, RS, SR)):
         """A variable for operand ``index`` of ``value``'s op, limited to ``allowed`` layouts,
         charged for resharding from its producer (a weight has none)."""
         z3 = self.z3
         var = z3.Int(f"{value.node.name}_{index}")
         self.variables[str(var)] = var
-        ids = [LAYOUTS.index(a) if isinstance(a, str) else a for a in allowed]
-        self.constraints.append(z3.Or([var == i for i in ids]))
+        self.constraints.append(z3.Or([var == layout for layout in allowed]))
         value.operands.append((producer, var))
         if producer is not None:
             self.costs.append(self.reshard(producer.layout, var, producer.numel))
@@ -142,7 +142,7 @@ def _matmul(m, v, ins):
     v.comm = m.select(x, {RS: v.numel})
 
 
-def _normalize_last(m, v, ins, axes=(-1,)):
+def _reduce_along(m, v, ins, axes):
     """A reduction along ``axes`` (layer norm, softmax): those axes cannot be split."""
     banned = {-1: RS, -2: SR}
     allowed = [i for i in range(3) if i not in {banned[a] for a in axes if a in banned}]
@@ -151,7 +151,7 @@ def _normalize_last(m, v, ins, axes=(-1,)):
 
 def _layer_norm(m, v, ins):
     shape = m.module(v.node).normalized_shape
-    _normalize_last(m, v, ins, axes=tuple(range(-len(shape), 0)))
+    _reduce_along(m, v, ins, axes=tuple(range(-len(shape), 0)))
 
 
 def _softmax(m, v, ins):
@@ -163,7 +163,7 @@ def _softmax(m, v, ins):
     if dim is None:
         raise UnsupportedOpError(f"Solver: softmax '{node.name}' has no dim")
     ndim = ins[0].ndim
-    _normalize_last(m, v, ins, axes=(dim - ndim if dim >= 0 else dim,))
+    _reduce_along(m, v, ins, axes=(dim - ndim if dim >= 0 else dim,))
 
 
 def _view(m, v, ins):
@@ -302,7 +302,7 @@ class Solver:
         self.results = {name: model.eval(var, model_completion=True).as_long()
                         for name, var in m.variables.items()}
         self.cost = model.eval(total).as_long()
-        self._model, self._z3model = m, model
+        self._z3model = model
         logger.info("Solver: least cost %d over %d devices\n%s", self.cost, self.p,
                     "\n".join(map(str, self.schedule())))
         return dict(self.results), self.cost

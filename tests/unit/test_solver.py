@@ -132,6 +132,29 @@ def test_a_transformers_bert_layer_traced_flat_costs_three_gathers_and_four_spli
     assert cost == 3 * (BS * SEQ * HIDDEN // p) + 4
 
 
+
+def test_a_transformers_gpt_neo_block_puts_where_operands_in_one_layout():
+    """transformers 5's GPTNeoBlock (eager matmul-softmax-matmul attention, the causal mask
+    applied by torch.where): ln_1's input split (1), keys and values gathered (2 x
+    bs*seq*h/p), the causal mask split with the scores it selects from (1; the 0-d fill value
+    meets any layout), the residual add's split of the input (1), the block's output gathered
+    (bs*seq*h/p)."""
+    from transformers import GPTNeoConfig
+    from transformers.models.gpt_neo.modeling_gpt_neo import GPTNeoBlock
+
+    config = GPTNeoConfig(hidden_size=HIDDEN, num_heads=HEADS, num_layers=1,
+                          attention_types=[[["global"], 1]], max_position_embeddings=SEQ,
+                          attn_implementation="eager")
+    with slapo.init_empty_weights():
+        sch = slapo.create_schedule(GPTNeoBlock(config, layer_id=0))
+    sch.trace(flatten=True, example_inputs={"hidden_states": torch.randn(BS, SEQ, HIDDEN)})
+    p = 4
+    solver = Solver(sch.mod, p)
+    results, cost = solver.solve([torch.randn(BS, SEQ, HIDDEN)])
+    assert cost == 3 * (BS * SEQ * HIDDEN // p) + 3
+    where = [name for name in results if name.startswith("where_")]
+    assert len(where) == 2 and len({results[name] for name in where}) == 1
+
 def test_an_op_without_a_rule_is_an_error_naming_the_node_and_its_target():
     class Cumulative(nn.Module):
         def __init__(self):
