@@ -85,7 +85,6 @@ def test_flatten_and_leaves():
         sch["attention.self"]
 
 
-
 def test_flatten_inlines_the_children_whatever_recursive_says():
     """As upstream: ``recursive=False`` keeps the children as calls only without ``flatten``
     (upstream's autoshard tests trace a layer with both and expect its linears)."""
@@ -99,6 +98,7 @@ def test_flatten_inlines_the_children_whatever_recursive_says():
     kept.trace(recursive=False, example_inputs=inputs(*EXAMPLE, seed=0))
     calls = [n.target for n in kept.mod.graph.nodes if n.op == "call_module"]
     assert calls == ["attention", "intermediate", "output"]
+
 
 def test_whole_bert_model_trains_like_plain():
     from transformers import BertForMaskedLM
