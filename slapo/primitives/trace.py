@@ -28,7 +28,8 @@ def trace(sch, recursive: bool = True, flatten: bool = False, leaves: Iterable =
     True (upstream Slapo's return value; a failure here raises instead of returning False).
 
     - ``recursive``: True traces into the submodules too; False traces only this module's
-      own forward, each child (each item of a child ModuleList/ModuleDict) staying a call.
+      own forward, each child (each item of a child ModuleList/ModuleDict) staying a call,
+      unless ``flatten`` (as upstream, which then inlines the children all the same).
     - ``leaves`` (upstream's ``leaf_modules``, which is taken too): submodules kept as calls
       rather than traced into: classes, class names, or paths relative to this node
       (shell-style patterns allowed, e.g. ``"layer.*.attention"``). ``torch.nn`` modules,
@@ -115,7 +116,7 @@ def _trace(sch, recursive, flatten, leaves, tracer, concrete_args, config, examp
                          "earlier primitive (checkpoint, fork_rng); trace it before applying "
                          "them")
     leaves = [*_as_list(leaves), *_as_list(leaf_modules)]
-    if not recursive:
+    if not recursive and not flatten:
         leaves += _children_as_calls(sch.mod)
     if example_inputs is None:
         example_inputs = _inputs_from_model_config(sch, tracer, config, concrete_args, where)

@@ -85,6 +85,21 @@ def test_flatten_and_leaves():
         sch["attention.self"]
 
 
+def test_flatten_inlines_the_children_whatever_recursive_says():
+    """As upstream: ``recursive=False`` keeps the children as calls only without ``flatten``
+    (upstream's autoshard tests trace a layer with both and expect its linears)."""
+    from transformers.models.bert.modeling_bert import BertLayer
+    _, inputs = blocks()["bert.BertLayer"]
+    flat = slapo.create_schedule(BertLayer(bert_config()))
+    flat.trace(recursive=False, flatten=True, example_inputs=inputs(*EXAMPLE, seed=0))
+    calls = [n.target for n in flat.mod.graph.nodes if n.op == "call_module"]
+    assert "attention.self.query" in calls and "output.dense" in calls
+    kept = slapo.create_schedule(BertLayer(bert_config()))
+    kept.trace(recursive=False, example_inputs=inputs(*EXAMPLE, seed=0))
+    calls = [n.target for n in kept.mod.graph.nodes if n.op == "call_module"]
+    assert calls == ["attention", "intermediate", "output"]
+
+
 def test_whole_bert_model_trains_like_plain():
     from transformers import BertForMaskedLM
     config = bert_config()

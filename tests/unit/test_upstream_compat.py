@@ -230,8 +230,3 @@ def test_verify_of_a_deepspeed_pipeline_says_how_to_check_it_here():
     sch = slapo.create_schedule(nn.Linear(2, 2))
     with pytest.raises(NotImplementedError, match=r"before cutting it.*target='pipeline'"):
         slapo.Verify(sch, [torch.ones(1, 2)], topology=object(), config={})
-
-
-def test_upstreams_automatic_sharding_is_refused_with_the_way_to_shard_here():
-    with pytest.raises(ImportError, match=r"no automatic sharding.*shard\(.*sync\("):
-        from slapo.sharding import Solver  # noqa: F401
