@@ -75,7 +75,17 @@ def _all_to_all(x: torch.Tensor, split_axis: int, cat_axis: int, group) -> torch
         return x
     sends = [c.contiguous() for c in x.chunk(world, dim=split_axis)]
     receives = [torch.empty_like(sends[0]) for _ in range(world)]
-    dist.all_to_all(receives, sends, group=group)
+    try:
+        dist.all_to_all(receives, sends, group=group)
+    except RuntimeError as err:
+        # gloo before torch 2.13 has no all-to-all (it refuses before sending anything):
+        # every rank gathers the whole tensors and keeps its chunk of each, p times the traffic.
+        if "does not support alltoall" not in str(err):
+            raise
+        wholes = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(wholes, x.contiguous(), group=group)
+        rank = dist.get_rank(group)
+        receives = [whole.chunk(world, dim=split_axis)[rank] for whole in wholes]
     return torch.cat(receives, dim=cat_axis)
 
 
