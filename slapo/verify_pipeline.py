@@ -131,13 +131,14 @@ def plain_loss(model: nn.Module, inputs, targets: torch.Tensor, loss_fn: Callabl
     over ``n`` micro-batches; loss and gradients averaged over the replicas."""
     chunks = [torch.tensor_split(v, n) if isinstance(v, torch.Tensor) else [v] * n
               for v in (inputs.values() if isinstance(inputs, dict) else inputs)]
-    total = torch.zeros(())
+    losses = []
     for k, target in enumerate(torch.tensor_split(targets, n)):
         args = [c[k] for c in chunks]
         out = model(**dict(zip(inputs, args))) if isinstance(inputs, dict) else model(*args)
         loss = loss_fn(out, target) / n
         loss.backward()
-        total += loss.detach().to(total)
+        losses.append(loss.detach())
+    total = torch.stack(losses).sum()
     _mean_over_replicas([total, *(p.grad for p in model.parameters() if p.grad is not None)],
                         topology)
     return total
@@ -148,8 +149,8 @@ def pipeline_loss(pipe, inputs, targets: torch.Tensor, topology: Topology) -> to
     training): the mean of its micro-batch losses, on every rank, averaged over replicas."""
     args, kwargs = ((), inputs) if isinstance(inputs, dict) else (inputs, {})
     losses = pipe.step(*args, target=targets, **kwargs)
-    total = torch.stack([loss.detach() for loss in losses]).mean().cpu() if pipe.is_last \
-        else torch.zeros(())
+    total = torch.stack([loss.detach() for loss in losses]).mean() if pipe.is_last \
+        else torch.zeros((), device=pipe.stage.device)
     dist.broadcast(total, src=topology.ranks("pipe")[-1], group=topology.pipeline_group)
     _mean_over_replicas([total], topology)
     return total

@@ -1,7 +1,8 @@
 """slapo.Verify around a block that cuts pipeline stages (``topology=``, ``config=``): the
 plain model against the pipeline ``build(target="pipeline")`` makes, on gloo CPU ranks.
 
-- 2 ranks, pipeline 2: a chain of linears made under ``init_empty_weights`` and a tiny BERT
+- 2 ranks, pipeline 2: a chain of linears made under ``init_empty_weights`` (its input
+  given by position or by name, checked in eval or train mode, built again after) and a tiny BERT
   LM head model traced with transformers' tracer (its decoder tied to the word embedding,
   which both stages then hold; a ModelOutput from the last stage), 2 micro-batches each from
   the config's micro-batch size, pass; the BERT traced in train mode with attention dropout
@@ -45,21 +46,27 @@ def _batch(rows=8, seed=0):
     return torch.randn(rows, 8, generator=gen), torch.randint(0, 8, (rows,), generator=gen)
 
 
-def _verify_chain(num_pp, num_mp, schedule, rows=8, micro=4, seed=0, layers=4, relu=False):
-    """Verify ``schedule(sch)`` on a meta Chain; the error message, or "passed"."""
+def _verify_chain(num_pp, num_mp, schedule, rows=8, micro=4, seed=0, layers=4, relu=False,
+                  by_name=False, eval_mode=True, rebuild=False):
+    """Verify ``schedule(sch)`` on a meta Chain (its input by name: ``by_name``); the error
+    message, or "passed" (with ``rebuild``, and the losses of the pipeline built after)."""
     topology, group = create_dist_group_for_pipeline(num_pp=num_pp, num_mp=num_mp)
     with slapo.init_empty_weights():
         model = Chain(layers, relu)
     sch = slapo.create_schedule(model, group=group)
     x, y = _batch(rows, seed)
     try:
-        with slapo.Verify(sch, [x], example_outputs=y, loss_fn=F.cross_entropy,
-                          topology=topology,
+        with slapo.Verify(sch, {"x": x} if by_name else [x], example_outputs=y,
+                          loss_fn=F.cross_entropy, topology=topology, eval_mode=eval_mode,
                           config=get_ds_config(rows, micro_batch_size_per_gpu=micro, fp16=False)):
             schedule(sch)
-        return "passed"
     except (AssertionError, ValueError) as err:
         return str(err)
+    if not rebuild:
+        return "passed"
+    pipe, _ = slapo.build(sch, target="pipeline", topology=topology, n_microbatches=2,
+                          loss_fn=F.cross_entropy, init_weights=False)
+    return "passed", [loss.item() for loss in pipe.step(x, target=y)]
 
 
 def _cut(sch, after="layers.1"):
@@ -140,12 +147,14 @@ def _errors():
 
 
 def _two_ranks():
-    return {"pp": _verify_chain(2, 1, _cut),
+    return {"pp": _verify_chain(2, 1, _cut, rebuild=True),
+            "pp by name, training": _verify_chain(2, 1, _cut, by_name=True, eval_mode=False),
             "bert": _verify_bert(),
             "bert traced with dropout": _verify_bert(attention_dropout=0.1),
             "wrong forward": _verify_chain(2, 1, _doubles("fwd_post")),
             "wrong backward": _verify_chain(2, 1, _doubles("bwd_post")),
-            "errors": _errors()}
+            "errors": _errors(),
+            "last": torch.distributed.get_rank() == 1}
 
 
 def _tensor_parallel(sync_output):
@@ -171,11 +180,15 @@ def _four_ranks():
 
 def test_two_stage_pipeline_verified_and_wrong_stages_caught():
     for found in run_ranks(_two_ranks):
-        assert found["pp"] == "passed"
+        outcome, losses = found["pp"]
+        assert outcome == "passed"
+        assert len(losses) == (2 if found["last"] else 0)  # built again after the check
+        assert found["pp by name, training"] == "passed"
         assert found["bert"] == ("passed", True, True)  # tie kept, gradients left as they were
         assert "'<root>' was traced in train mode and is checked in eval mode" in \
             found["bert traced with dropout"]
         assert "the pipeline's loss" in found["wrong forward"]
+        assert "traced in" not in found["wrong forward"]  # no dropout: no hint about modes
         assert re.search(r"the gradient of 'layers\.[012]\.", found["wrong backward"])
         errors = found["errors"]
         assert "pass topology=slapo.Topology(dp=, pp=, tp=)" in errors["no topology"]
