@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -126,12 +128,16 @@ def materialize(model: nn.Module, device: str | torch.device | None = None) -> n
     if device is None:
         device = (torch.device("cuda", torch.cuda.current_device())
                   if torch.cuda.is_available() else torch.device("cpu"))
-    for param in model.parameters():  # each shared parameter once
-        if param.is_meta:
-            kept = dict(param.__dict__)  # the swap moves __dict__ with the storage
-            torch.utils.swap_tensors(param, nn.Parameter(torch.empty_like(param, device=device),
-                                                         requires_grad=param.requires_grad))
-            param.__dict__.update(kept)
+    meta = [param for param in model.parameters() if param.is_meta]  # each shared one once
+    if any(weakref.getweakrefcount(param) for param in meta):
+        # a trace's FakeTensorMode, unreachable but not yet collected (it lives in reference
+        # cycles), keeps weak references to the parameters it saw, which swap_tensors refuses
+        gc.collect()
+    for param in meta:
+        kept = dict(param.__dict__)  # the swap moves __dict__ with the storage
+        torch.utils.swap_tensors(param, nn.Parameter(torch.empty_like(param, device=device),
+                                                     requires_grad=param.requires_grad))
+        param.__dict__.update(kept)
     for mod in model.modules():
         for name, buf in mod._buffers.items():
             if buf is not None and buf.is_meta:

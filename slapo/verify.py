@@ -17,9 +17,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import verify_pipeline as vp
+from .logger import get_logger
 from .primitives.shard import full_layout, local_slice, shard_spec
 from .sharding import all_gather_forward, first_rank, gather_sharded, world_size
 from .tracing import has_foreign_hooks
+from .tracing.adapter import adapter_of
+
+logger = get_logger(__name__)
 
 # Floor of the denominator: a gradient that is mathematically zero (a key bias under softmax)
 # is numerical noise of ~1e-8, so it is compared absolutely rather than relatively.
@@ -62,10 +67,11 @@ class StepReport:
 
 
 def gradient_errors(plain: nn.Module, scheduled: nn.Module, group=None) -> dict[str, float]:
-    """The relative error of each gradient of ``scheduled`` (sharded ones gathered) against
-    the plain model's, by parameter name (parameters without a gradient in both are left out).
+    """The relative error of each gradient of ``scheduled`` (the scheduled model or a
+    pipeline stage of it; sharded gradients gathered) against the plain model's, by parameter
+    name (a tied one by any of its names; parameters without a gradient in both left out).
     Collectives for sharded parameters: every rank must call it."""
-    plain_params = dict(plain.named_parameters())
+    plain_params = dict(plain.named_parameters(remove_duplicate=False))  # any tied name
     errors = {}
     for name, param in scheduled.named_parameters():
         if name not in plain_params:
@@ -135,24 +141,35 @@ class Verify(contextlib.ContextDecorator):
     the plain copy gets the same full values. Any other model runs from the first rank's
     weights, as ``build`` broadcasts them: the plain copy takes them and the scheduled
     model its slices of them (keeping them afterwards).
+
+    A block that cuts pipeline stages (``cut_pipeline_stage``, after ``trace``) is checked
+    through the pipeline itself (``slapo.verify_pipeline``): pass ``topology=``, the
+    ``slapo.Topology(dp=, pp=, tp=)`` whose tensor group the schedule was created over (as
+    ``create_dist_group_for_pipeline`` returns it), ``loss_fn`` and ``example_outputs``
+    (the targets), and optionally ``config=``, a DeepSpeed config dict, of which its
+    micro-batch size (``train_micro_batch_size_per_gpu``, or ``train_batch_size`` over the
+    accumulation steps and replicas) sets how many micro-batches the example batch makes
+    (one without it); fp16/bf16 are refused (the check runs in float32). Every rank starts
+    from the same weights (the first rank's, or initialised as above); each data-parallel
+    replica checks its own batch (its first rank's), and ``build(sch, target="pipeline",
+    topology=...)`` runs one step of it: the mean of the micro-batches' losses and every
+    stage's gradients after the step's reduction (tied weights summed, replicas averaged)
+    must agree with the plain model's on the same micro-batches, averaged over the replicas
+    in the same way. The scheduled model keeps those weights, and can be built again. With
+    ``eval_mode=False`` the models train; random layers (dropout) then draw differently in
+    the stages, so check such a model in eval mode.
     """
 
     def __init__(self, sch, example_inputs, example_outputs=None, loss_fn: Callable | None = None,
                  eval_mode: bool = True, enable: bool = True, tol: float = 1e-5, seed: int = 2023,
                  device: str | torch.device | None = None,
                  init_weights: bool | Callable = True, topology=None, config=None):
-        if topology is not None or config is not None:
-            raise NotImplementedError(
-                "slapo.Verify(topology=, config=): verifying a pipeline through DeepSpeed's "
-                "engine is not made here. Verify the schedule before cutting it into stages "
-                "(with slapo.Verify(sch, example_inputs) around the other primitives), then "
-                "cut and build it with build(sch, target='pipeline', "
-                "topology=slapo.Topology(dp=, pp=, tp=)), whose stages compute what the "
-                "traced model computes")
+        vp.check_topology_and_config(topology, config)
         self.sch, self.inputs, self.targets = sch, example_inputs, example_outputs
         self.loss_fn, self.eval_mode, self.enable = loss_fn, eval_mode, enable
         self.tol, self.seed = tol, seed
         self.device, self.init_weights = device, init_weights
+        self.topology, self.config = topology, config
         self.original = None
 
     def __enter__(self):
@@ -169,20 +186,17 @@ class Verify(contextlib.ContextDecorator):
     def __exit__(self, exc_type, *exc):
         if exc_type is not None or not self.enable:
             return False
-        group = self.sch.group
-        self._place(group)
-        inputs = _broadcast(_to(self.inputs, self.device), group)
+        pipelined = vp.check_arguments(self.sch, self.topology, self.config, self.loss_fn,
+                                       self.targets)
         scheduled = self.sch.mod
         saved_grads = {name: p.grad for name, p in scheduled.named_parameters()}
         modes = {m: m.training for m in scheduled.modules()}
         rng = torch.get_rng_state()
         try:
-            out_plain, loss_plain = self._run(self.original, inputs, None, group)
-            out_sched, loss_sched = self._run(scheduled, inputs, out_plain, group)
-            _check("the output", relative_error(out_sched, out_plain), self.tol)
-            _check("the loss", relative_error(loss_sched, loss_plain), self.tol)
-            for name, error in gradient_errors(self.original, scheduled, group).items():
-                _check(f"the gradient of '{name}'", error, self.tol)
+            if pipelined:
+                self._check_pipeline()
+            else:
+                self._check_block()
         finally:
             for name, param in scheduled.named_parameters():
                 param.grad = saved_grads[name]
@@ -192,25 +206,90 @@ class Verify(contextlib.ContextDecorator):
             self.original = None
         return False
 
-    def _place(self, group) -> None:
-        """Both models on ``device`` and starting alike on every rank: a meta model is given
-        storage and initialised (the plain copy gets the full values), any other runs from the
-        first rank's weights (the plain copy takes them, the scheduled model its slices of
-        them, as ``build`` broadcasts them)."""
+    def _check_block(self) -> None:
+        group = self.sch.group
+        self._place(group)
+        inputs = _broadcast(_to(self.inputs, self.device), group)
+        out_plain, loss_plain = self._run(self.original, inputs, None, group)
+        out_sched, loss_sched = self._run(self.sch.mod, inputs, out_plain, group)
+        hint = self._mode_hint()
+        _check("the output", relative_error(out_sched, out_plain), self.tol, hint)
+        _check("the loss", relative_error(loss_sched, loss_plain), self.tol, hint)
+        for name, error in gradient_errors(self.original, self.sch.mod, group).items():
+            _check(f"the gradient of '{name}'", error, self.tol, hint)
+
+    def _mode_hint(self) -> str:
+        """Why a model with dropout may differ: a part was traced in the other mode than the
+        check's."""
+        if not any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0
+                   for m in self.sch.mod.modules()):
+            return ""
+        other = [adapter.where for m in self.sch.mod.modules()
+                 if (adapter := adapter_of(m)) is not None and adapter.training == self.eval_mode]
+        if not other:
+            return ""
+        return (f"; '{other[0]}' was traced in {'train' if self.eval_mode else 'eval'} mode and "
+                f"is checked in {'eval' if self.eval_mode else 'train'} mode, and a trace keeps "
+                "the code paths of its mode (such as the dropout rate transformers' attention "
+                "passes on): trace it in the mode of the check, or check it with dropout off")
+
+    def _check_pipeline(self) -> None:
+        """The plain model against the pipeline ``build(target="pipeline")`` makes of the
+        schedule (``slapo.verify_pipeline``): the loss and every stage's gradients."""
+        from .build import build
+        topo = self.topology
+        self._place(None, shard_group=self.sch.group)  # the stages of all ranks start alike
+        inputs = vp.replica_batch(_arguments(_to(self.inputs, self.device)), topo)
+        targets = vp.replica_batch([_to(self.targets, self.device)], topo)[0]
+        rows = next(v for v in (inputs.values() if isinstance(inputs, dict) else inputs)
+                    if isinstance(v, torch.Tensor)).shape[0]
+        n = vp.micro_batches(self.config, rows, topo.dp)
+        for model in (self.original, self.sch.mod):
+            model.train(not self.eval_mode)
+        torch.manual_seed(self.seed)
+        loss_plain = vp.plain_loss(self.original, inputs, targets, self.loss_fn, n, topo)
+        pipe, _ = build(self.sch, target="pipeline", topology=topo, n_microbatches=n,
+                        loss_fn=self.loss_fn, init_weights=False, device=self.device)
+        torch.manual_seed(self.seed)
+        loss_pipe = vp.pipeline_loss(pipe, inputs, targets, topo)
+        grads = gradient_errors(self.original, pipe.module, self.sch.group)
+        mine = ((relative_error(loss_pipe, loss_plain), loss_pipe.item(), loss_plain.item()),
+                max(((error, name) for name, error in grads.items()), default=(0.0, "")))
+        # every rank judges by the worst loss and gradient of all (each holds one stage)
+        everywhere = [None] * dist.get_world_size()
+        dist.all_gather_object(everywhere, mine)
+        (loss_error, pipe_value, plain_value), _ = max(everywhere, key=lambda m: m[0])
+        grad_error, grad_name = max(m[1] for m in everywhere)
+        hint = self._mode_hint()
+        _check(f"the pipeline's loss ({pipe_value:.6g}; the plain model's {plain_value:.6g})",
+               loss_error, self.tol, hint)
+        _check(f"the gradient of '{grad_name}'", grad_error, self.tol, hint)
+        logger.info("slapo.Verify: the pipeline of %d stages on %d micro-batches computes the "
+                    "plain model's loss (%.6g; the plain model's %.6g; relative error %.2g) and "
+                    "gradients (worst relative error %.2g, '%s')", pipe.num_stages, n,
+                    pipe_value, plain_value, loss_error, grad_error, grad_name, ranks=0)
+
+    def _place(self, group, shard_group=None) -> None:
+        """Both models on ``device`` and starting alike on every rank of ``group``: a meta
+        model is given storage and initialised (the plain copy gets the full values), any
+        other runs from the first rank's weights (the plain copy takes them, the scheduled
+        model its slices of them, as ``build`` broadcasts them). Sharded parameters are
+        sliced and gathered over ``shard_group`` (default ``group``), the schedule's group."""
         from .build import initialize, materialize
         scheduled, original = self.sch.mod, self.original
+        shard_group = group if shard_group is None else shard_group
         if any(p.is_meta for p in scheduled.parameters()):
             materialize(scheduled, self.device)
-            initialize(scheduled, self.init_weights, group)
+            initialize(scheduled, self.init_weights, group, shard_group=shard_group)
             materialize(original, self.device)
             plain = dict(original.named_parameters())
             with torch.no_grad():
                 for name, param in scheduled.named_parameters():  # the same order everywhere
-                    full = full_tensor(param, param.detach(), group)
+                    full = full_tensor(param, param.detach(), shard_group)
                     if name in plain:
                         plain[name].copy_(full)
         elif world_size(group) > 1:
-            rank = dist.get_rank(group)
+            rank = dist.get_rank(shard_group)
             plain = dict(original.named_parameters())
             with torch.no_grad():
                 for param in plain.values():
@@ -267,10 +346,15 @@ def _to(inputs, device):
     return inputs
 
 
+def _arguments(inputs) -> dict | list:
+    """``inputs`` as a new dict of keyword arguments or list of positional ones."""
+    return dict(inputs) if isinstance(inputs, dict) else list(
+        inputs if isinstance(inputs, (list, tuple)) else [inputs])
+
+
 def _broadcast(inputs, group):
     """``inputs`` as the first rank of ``group`` has them (tensors broadcast in place)."""
-    inputs = dict(inputs) if isinstance(inputs, dict) else list(
-        inputs if isinstance(inputs, (list, tuple)) else [inputs])
+    inputs = _arguments(inputs)
     if world_size(group) > 1:
         src = first_rank(group)
         for value in (inputs.values() if isinstance(inputs, dict) else inputs):
@@ -279,7 +363,7 @@ def _broadcast(inputs, group):
     return inputs
 
 
-def _check(what: str, error: float, tol: float) -> None:
+def _check(what: str, error: float, tol: float, hint: str = "") -> None:
     if error > tol:
         raise AssertionError(f"slapo.Verify: {what} differs from the plain model's "
-                             f"(relative error {error:.3g} > {tol:g})")
+                             f"(relative error {error:.3g} > {tol:g}){hint}")

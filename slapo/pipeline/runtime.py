@@ -12,7 +12,7 @@ ties, by parameter name and by rank.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,15 +62,16 @@ class PipelineBuild:
     def is_last(self) -> bool:
         return self.stage_index == self.num_stages - 1
 
-    def step(self, *inputs, target=None) -> list[torch.Tensor]:
-        """One training step over this replica's batch: the first stage takes ``inputs``,
-        the last ``target``; then, with data parallelism, the gradients are averaged over the
-        replicas (``reduce_gradients``). Returns the per-microbatch losses on the last stage
-        (else [])."""
+    def step(self, *inputs, target=None, **kw_inputs) -> list[torch.Tensor]:
+        """One training step over this replica's batch: the first stage takes ``inputs``
+        (and ``kw_inputs``, by the traced model's argument names), the last ``target``; then,
+        with data parallelism, the gradients are averaged over the replicas
+        (``reduce_gradients``). Returns the per-microbatch losses on the last stage (else
+        [])."""
         losses: list[torch.Tensor] = []
         kwargs = {"target": target, "losses": losses} if self.is_last else {}
         if self.is_first:
-            self.schedule.step(*inputs, **kwargs)
+            self.schedule.step(*inputs, **kw_inputs, **kwargs)
         else:
             self.schedule.step(**kwargs)
         self.reduce_gradients()
@@ -122,7 +123,9 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
     ``topology.stage_index`` in its pipeline group, and ``PipelineBuild.step`` averages the
     gradients over its data group.
 
-    ``loss_fn(output, target)`` runs on the last stage; without it, the loss the schedule
+    ``loss_fn(output, target)`` runs on the last stage, whose output is the model's, except
+    that a mapping (a transformers ``ModelOutput``) comes as its tensor, or the tuple of its
+    tensors (``tensors_of``: the pipeline passes tensors only); without it, the loss the schedule
     took from the model when its root was traced (``slapo.op.vocab_parallel_loss``: the
     vocabulary-parallel cross entropy of the sharded logits), if any.
     """
@@ -158,6 +161,8 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
     if len(stages) != world:
         raise ValueError(f"{len(stages)} pipeline stages ({len(stages) - 1} cuts) for {where}")
     module = stages[rank]
+    if rank == world - 1:
+        _plain_last_output(module)
     ties = _ties(shared_parameters(stages), rank, stage_ranks, group, module)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) \
@@ -166,6 +171,25 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
     cls = get_schedule_class(schedule) if isinstance(schedule, str) else schedule
     sched = cls(stage, n_microbatches=n_microbatches, loss_fn=loss_fn)
     return PipelineBuild(sched, stage, module, rank, world, topology, ties)
+
+
+def tensors_of(output):
+    """The last stage's output as ``torch.distributed.pipelining`` takes it: a mapping (a
+    transformers ``ModelOutput``) becomes its one tensor, or the tuple of its tensors in order
+    (as ``return_dict=False`` gives them); anything else is kept."""
+    if not isinstance(output, Mapping):
+        return output
+    values = tuple(value for value in output.values() if value is not None)
+    return values[0] if len(values) == 1 else values
+
+
+def _plain_last_output(module: fx.GraphModule) -> None:
+    """Make the last stage return ``tensors_of`` its output (the pipeline carries tensors)."""
+    output = next(n for n in reversed(module.graph.nodes) if n.op == "output")
+    with module.graph.inserting_before(output):
+        plain = module.graph.call_function(tensors_of, (output.args[0],))
+    output.args = (plain,)
+    module.recompile()
 
 
 def _ties(shared, stage_index: int, stage_ranks: list[int], group, module) -> list[Tie]:

@@ -419,13 +419,16 @@ def _trace_error(err: Exception, path: str, mod: nn.Module) -> TraceError:
 def _finish(gm: fx.GraphModule, mod: nn.Module) -> None:
     """Drop example values (keeping their kind, and a tuple's item kinds), keep plain
     attributes such as ``config``."""
-    gm.graph.eliminate_dead_code()
-    _keep_alias_names(gm, mod)
+    # Every node's example value goes before dead code is removed: the graph's namespace keeps
+    # its removed nodes, and a fake value there would keep the trace's FakeTensorMode alive,
+    # whose weak references to the parameters forbid materialize's swap_tensors later.
     for node in gm.graph.nodes:
         meta = node.meta.pop(META, UNKNOWN)
         node.meta[KIND] = kind_of(meta)
         if (items := items_of(meta)) is not None:
             node.meta[ITEMS] = items
+    gm.graph.eliminate_dead_code()
+    _keep_alias_names(gm, mod)
     gm.recompile()
     for name, value in mod.__dict__.items():
         if name.startswith("_") or name in gm.__dict__ or hasattr(type(gm), name):

@@ -226,7 +226,17 @@ def test_flash_attention_matches_gpt2_attention_within_upstreams_tolerance():
     assert not torch.allclose(attn(x, mask, None)[0], ref(x, None, mask)[0], atol=5e-2)
 
 
-def test_verify_of_a_deepspeed_pipeline_says_how_to_check_it_here():
+def test_verify_of_a_pipeline_refuses_what_it_cannot_check():
+    # the pipeline check itself runs on gloo ranks: tests/distributed/test_verify_pipeline.py
     sch = slapo.create_schedule(nn.Linear(2, 2))
-    with pytest.raises(NotImplementedError, match=r"before cutting it.*target='pipeline'"):
+    with pytest.raises(TypeError, match=r"topology= takes a slapo.Topology, got object"):
         slapo.Verify(sch, [torch.ones(1, 2)], topology=object(), config={})
+    with pytest.raises(TypeError, match=r"config= takes a DeepSpeed config dict, got str"):
+        slapo.Verify(sch, [torch.ones(1, 2)], config="ds.json")
+    for key in ("fp16", "bf16"):
+        with pytest.raises(ValueError, match=rf"the config enables {key}.*checks? .*float32"):
+            slapo.Verify(sch, [torch.ones(1, 2)], config={key: {"enabled": True}})
+    with pytest.raises(ValueError, match=r"a schedule that cuts pipeline stages"):
+        with slapo.Verify(sch, [torch.ones(1, 2)], config={"train_batch_size": 2}):
+            pass
+
