@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import functools
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 from torch.fx.node import map_aggregate
 from torch.utils import _pytree as pytree
@@ -429,6 +431,8 @@ def _finish(gm: fx.GraphModule, mod: nn.Module) -> None:
             node.meta[ITEMS] = items
     gm.graph.eliminate_dead_code()
     _keep_alias_names(gm, mod)
+    if mod.training:
+        _dropout_follows_mode(gm.graph)
     gm.recompile()
     for name, value in mod.__dict__.items():
         if name.startswith("_") or name in gm.__dict__ or hasattr(type(gm), name):
@@ -438,6 +442,68 @@ def _finish(gm: fx.GraphModule, mod: nn.Module) -> None:
         setattr(gm, name, value)
     gm.meta[_TRACED_FROM] = type(mod)
     gm.training = mod.training
+
+
+# Functional dropout, by function: the argument that switches it on (``training``) or gives its
+# rate (``dropout_p``), by keyword and by position.
+_DROPOUT_SWITCH = {F.dropout: ("training", 2), F.dropout1d: ("training", 2),
+                   F.dropout2d: ("training", 2), F.dropout3d: ("training", 2),
+                   F.alpha_dropout: ("training", 2), F.feature_alpha_dropout: ("training", 2)}
+_DROPOUT_RATE = {F.scaled_dot_product_attention: ("dropout_p", 4)}
+
+
+def dropout_rate(training: bool, p: float) -> float:
+    """The rate of a traced dropout in the mode its graph runs in: ``p`` training, else 0."""
+    return p if training else 0.0
+
+
+def _dropout_follows_mode(graph: fx.Graph) -> None:
+    """Let the functional dropout of a graph traced in train mode follow the graph module's
+    mode when it runs, as the module it came from did. Code that computes the switch or the
+    rate from ``self.training`` (transformers' attention: ``dropout=0.0 if not self.training
+    else p``) leaves a constant in the graph, which would keep dropping out after ``eval()``.
+    Dropout modules (``nn.Dropout``) are calls of their own and follow their own mode."""
+    mode = None
+
+    def training_node() -> fx.Node:
+        nonlocal mode
+        if mode is None:
+            first = next(n for n in graph.nodes if n.op != "placeholder")
+            with graph.inserting_before(first), warnings.catch_warnings():
+                # the mode is a plain attribute of the GraphModule, not a parameter or buffer
+                warnings.filterwarnings("ignore", message="Attempted to insert a get_attr")
+                mode = graph.get_attr("training")
+        return mode
+
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in _DROPOUT_SWITCH:
+            key, index = _DROPOUT_SWITCH[node.target]
+            # torch records the switch given or not (F.dropout passes its defaults on), so a
+            # dropout written to stay on in eval mode cannot be told apart: it follows too
+            if _argument(node, key, index, default=True) is True:
+                _set_argument(node, key, index, training_node())
+        elif node.target in _DROPOUT_RATE:
+            key, index = _DROPOUT_RATE[node.target]
+            rate = _argument(node, key, index, default=0.0)
+            if isinstance(rate, (int, float)) and rate > 0:
+                with graph.inserting_before(node):
+                    gated = graph.call_function(dropout_rate, (training_node(), rate))
+                _set_argument(node, key, index, gated)
+
+
+def _argument(node: fx.Node, key: str, index: int, default):
+    if key in node.kwargs:
+        return node.kwargs[key]
+    return node.args[index] if len(node.args) > index else default
+
+
+def _set_argument(node: fx.Node, key: str, index: int, value) -> None:
+    if key not in node.kwargs and len(node.args) > index:
+        node.update_arg(index, value)
+    else:
+        node.update_kwarg(key, value)
 
 
 def _keep_alias_names(gm: fx.GraphModule, mod: nn.Module) -> None:

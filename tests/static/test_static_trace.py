@@ -255,3 +255,55 @@ def test_traced_layer_draws_the_same_dropout_masks():
     expected = plain(x, mask)
     torch.manual_seed(7)
     assert torch.equal(sch.mod(x, mask), expected)
+
+
+class _FunctionalDropouts(nn.Module):
+    """Dropout as transformers writes it: its switch and its rate from ``self.training``."""
+
+    def forward(self, x):
+        x = torch.nn.functional.dropout(x, p=0.5, training=self.training)
+        rate = 0.5 if self.training else 0.0
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, dropout_p=rate)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_a_layer_traced_in_train_mode_stops_dropping_out_in_eval_mode(attn):
+    # transformers' attention computes its dropout from self.training, which a trace fixes
+    from static_models import additive_mask
+    from transformers.models.bert.modeling_bert import BertLayer
+    torch.manual_seed(0)
+    config = bert_config(attention_probs_dropout_prob=0.5, attn_implementation=attn)
+    plain = BertLayer(config)
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    sch.trace(flatten=True, example_inputs={"hidden_states": hidden(*EXAMPLE, 0),
+                                            "attention_mask": additive_mask(*EXAMPLE, 0)})
+    x, mask = hidden(*RUN, 1), additive_mask(*RUN, 1)
+    sch.mod.eval(), plain.eval()
+    torch.testing.assert_close(sch.mod(x, mask)[0], plain(x, mask)[0], rtol=1e-5, atol=1e-6)
+    sch.mod.train(), plain.train()
+    torch.manual_seed(7)
+    expected = plain(x, mask)[0]
+    torch.manual_seed(7)
+    assert torch.equal(sch.mod(x, mask)[0], expected)  # the same masks, drawn in train mode
+    assert not torch.equal(sch.mod(x, mask)[0], expected)
+
+
+def test_functional_dropout_follows_the_mode_the_traced_module_runs_in():
+    torch.manual_seed(0)
+    x = torch.rand(2, 4, 8)
+    sch = slapo.create_schedule(_FunctionalDropouts())
+    sch.trace(example_inputs=[x])
+    assert sum(n.op == "get_attr" and n.target == "training" for n in sch.mod.graph.nodes) == 1
+    sch.mod.eval()
+    expected = torch.nn.functional.scaled_dot_product_attention(x, x, x)
+    assert torch.equal(sch.mod(x), expected)
+    sch.mod.train()
+    torch.manual_seed(3)
+    dropped = sch.mod(x)
+    torch.manual_seed(3)
+    assert torch.equal(dropped, _FunctionalDropouts()(x))
+    assert not torch.allclose(dropped, expected)
+    # traced in eval mode, the graph keeps what the module computed then
+    sch = slapo.create_schedule(_FunctionalDropouts().eval())
+    sch.trace(example_inputs=[x])
+    assert not any(n.op == "get_attr" for n in sch.mod.graph.nodes)
