@@ -230,8 +230,8 @@ class Verify(contextlib.ContextDecorator):
             return ""
         return (f"; '{other[0]}' was traced in {'train' if self.eval_mode else 'eval'} mode and "
                 f"is checked in {'eval' if self.eval_mode else 'train'} mode, and a trace keeps "
-                "the code paths of its mode (such as the dropout rate transformers' attention "
-                "passes on): trace it in the mode of the check, or check it with dropout off")
+                "the code paths of its mode (traced in eval mode, transformers' attention has "
+                "no dropout): trace it in the mode of the check, or check it with dropout off")
 
     def _check_pipeline(self) -> None:
         """The plain model against the pipeline ``build(target="pipeline")`` makes of the

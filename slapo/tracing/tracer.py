@@ -431,24 +431,24 @@ def _finish(gm: fx.GraphModule, mod: nn.Module) -> None:
             node.meta[ITEMS] = items
     gm.graph.eliminate_dead_code()
     _keep_alias_names(gm, mod)
-    if mod.training:
-        _dropout_follows_mode(gm.graph)
-    gm.recompile()
     for name, value in mod.__dict__.items():
         if name.startswith("_") or name in gm.__dict__ or hasattr(type(gm), name):
             continue
         if isinstance(value, (torch.Tensor, nn.Module)):
             continue
         setattr(gm, name, value)
+    if mod.training:  # after the attributes: a dropout module takes a name they leave free
+        _dropout_follows_mode(gm)
+    gm.recompile()
     gm.meta[_TRACED_FROM] = type(mod)
     gm.training = mod.training
 
 
-# Functional dropout, by function: the argument that switches it on (``training``) or gives its
-# rate (``dropout_p``), by keyword and by position.
-_DROPOUT_SWITCH = {F.dropout: ("training", 2), F.dropout1d: ("training", 2),
-                   F.dropout2d: ("training", 2), F.dropout3d: ("training", 2),
-                   F.alpha_dropout: ("training", 2), F.feature_alpha_dropout: ("training", 2)}
+# Functional dropout and the module that computes it in its own mode.
+_DROPOUT_MODULES = {F.dropout: nn.Dropout, F.dropout1d: nn.Dropout1d, F.dropout2d: nn.Dropout2d,
+                    F.dropout3d: nn.Dropout3d, F.alpha_dropout: nn.AlphaDropout,
+                    F.feature_alpha_dropout: nn.FeatureAlphaDropout}
+# Functions that take a dropout rate: its keyword and its position.
 _DROPOUT_RATE = {F.scaled_dot_product_attention: ("dropout_p", 4)}
 
 
@@ -457,40 +457,53 @@ def dropout_rate(training: bool, p: float) -> float:
     return p if training else 0.0
 
 
-def _dropout_follows_mode(graph: fx.Graph) -> None:
-    """Let the functional dropout of a graph traced in train mode follow the graph module's
-    mode when it runs, as the module it came from did. Code that computes the switch or the
-    rate from ``self.training`` (transformers' attention: ``dropout=0.0 if not self.training
-    else p``) leaves a constant in the graph, which would keep dropping out after ``eval()``.
-    Dropout modules (``nn.Dropout``) are calls of their own and follow their own mode."""
+def _dropout_follows_mode(gm: fx.GraphModule) -> None:
+    """Let the dropout of a graph traced in train mode follow the mode it runs in, as the
+    module it came from did. Code that computes the switch or the rate from ``self.training``
+    (transformers' attention: ``dropout=0.0 if not self.training else p``) leaves a constant
+    in the graph, which would keep dropping out after ``eval()``. So a functional dropout that
+    is on becomes a call of its module (``F.dropout`` -> ``nn.Dropout``, the same draws; a
+    pattern's ``F.dropout`` matches it), and a rate given to another function (attention's
+    ``dropout_p``) is read through ``dropout_rate(self.training, p)``. torch records the
+    switch whether the code gave it or not, so a dropout written to stay on in eval mode
+    follows the mode too."""
+    graph = gm.graph
     mode = None
-
-    def training_node() -> fx.Node:
-        nonlocal mode
-        if mode is None:
-            first = next(n for n in graph.nodes if n.op != "placeholder")
-            with graph.inserting_before(first), warnings.catch_warnings():
-                # the mode is a plain attribute of the GraphModule, not a parameter or buffer
-                warnings.filterwarnings("ignore", message="Attempted to insert a get_attr")
-                mode = graph.get_attr("training")
-        return mode
-
     for node in list(graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target in _DROPOUT_SWITCH:
-            key, index = _DROPOUT_SWITCH[node.target]
-            # torch records the switch given or not (F.dropout passes its defaults on), so a
-            # dropout written to stay on in eval mode cannot be told apart: it follows too
-            if _argument(node, key, index, default=True) is True:
-                _set_argument(node, key, index, training_node())
+        if node.target in _DROPOUT_MODULES:
+            p, on = _argument(node, "p", 1, 0.5), _argument(node, "training", 2, True)
+            if on is True and isinstance(p, (int, float)) and node.args:
+                name = _free_name(gm, node.name)
+                gm.add_submodule(name, _DROPOUT_MODULES[node.target](
+                    p, inplace=bool(_argument(node, "inplace", 3, False))))
+                with graph.inserting_before(node):
+                    call = graph.call_module(name, (node.args[0],))
+                call.meta.update(node.meta)
+                node.replace_all_uses_with(call)
+                graph.erase_node(node)
         elif node.target in _DROPOUT_RATE:
             key, index = _DROPOUT_RATE[node.target]
-            rate = _argument(node, key, index, default=0.0)
+            rate = _argument(node, key, index, 0.0)
             if isinstance(rate, (int, float)) and rate > 0:
+                if mode is None:
+                    first = next(n for n in graph.nodes if n.op != "placeholder")
+                    with graph.inserting_before(first), warnings.catch_warnings():
+                        # the mode is a plain attribute of the GraphModule, not a parameter
+                        warnings.filterwarnings("ignore", message="Attempted to insert a get_attr")
+                        mode = graph.get_attr("training")
                 with graph.inserting_before(node):
-                    gated = graph.call_function(dropout_rate, (training_node(), rate))
+                    gated = graph.call_function(dropout_rate, (mode, rate))
                 _set_argument(node, key, index, gated)
+
+
+def _free_name(gm: fx.GraphModule, name: str) -> str:
+    candidate, i = name, 0
+    while hasattr(gm, candidate):
+        i += 1
+        candidate = f"{name}_{i}"
+    return candidate
 
 
 def _argument(node: fx.Node, key: str, index: int, default):

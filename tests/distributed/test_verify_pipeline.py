@@ -5,8 +5,9 @@ plain model against the pipeline ``build(target="pipeline")`` makes, on gloo CPU
   given by position or by name, checked in eval or train mode, built again after) and a tiny BERT
   LM head model traced with transformers' tracer (its decoder tied to the word embedding,
   which both stages then hold; a ModelOutput from the last stage), 2 micro-batches each from
-  the config's micro-batch size, pass; the BERT traced in train mode with attention dropout
-  fails in eval mode, saying why; a stage that doubles its output fails on the loss,
+  the config's micro-batch size, pass, also with attention dropout, traced in train mode and
+  checked in eval mode (the traced dropout follows the mode); traced in eval mode and checked
+  in train mode it fails, saying why; a stage that doubles its output fails on the loss,
   one that doubles a gradient on that gradient (the loss agrees); the arguments a pipeline
   check needs are asked for by name.
 - 4 ranks: data 2 x pipeline 2 (each replica its own batch) and pipeline 2 x tensor 2 (a
@@ -90,9 +91,9 @@ def _tiny_bert(attention_dropout):
         return BertLMHeadModel(config), config
 
 
-def _verify_bert(attention_dropout=0.0):
-    """transformers' attention passes its dropout rate on as a value, which a trace in train
-    mode keeps: in eval mode the traced model then still drops, unless the rate is 0."""
+def _verify_bert(attention_dropout=0.0, traced_in_eval=False):
+    """transformers' attention passes its dropout rate on as a value: a trace in train mode
+    makes it follow the mode, one in eval mode keeps eval's rate, 0, in train mode too."""
     import inspect
     topology, group = create_dist_group_for_pipeline(num_pp=2, num_mp=1)
     model, config = _tiny_bert(attention_dropout)
@@ -112,8 +113,9 @@ def _verify_bert(attention_dropout=0.0):
 
     try:
         with slapo.Verify(sch, inputs, example_outputs=labels, loss_fn=loss_fn,
-                          topology=topology,
+                          topology=topology, eval_mode=not traced_in_eval,
                           config=get_ds_config(4, micro_batch_size_per_gpu=2, fp16=False)):
+            sch.mod.train(not traced_in_eval)
             sch.trace_until("bert.encoder", tracer="huggingface", concrete_args=concrete)
             sch["bert.encoder.layer.0"].cut_pipeline_stage()
     except AssertionError as err:
@@ -151,6 +153,7 @@ def _two_ranks():
             "pp by name, training": _verify_chain(2, 1, _cut, by_name=True, eval_mode=False),
             "bert": _verify_bert(),
             "bert traced with dropout": _verify_bert(attention_dropout=0.1),
+            "bert traced in eval mode": _verify_bert(attention_dropout=0.1, traced_in_eval=True),
             "wrong forward": _verify_chain(2, 1, _doubles("fwd_post")),
             "wrong backward": _verify_chain(2, 1, _doubles("bwd_post")),
             "errors": _errors(),
@@ -185,8 +188,9 @@ def test_two_stage_pipeline_verified_and_wrong_stages_caught():
         assert len(losses) == (2 if found["last"] else 0)  # built again after the check
         assert found["pp by name, training"] == "passed"
         assert found["bert"] == ("passed", True, True)  # tie kept, gradients left as they were
-        assert "'<root>' was traced in train mode and is checked in eval mode" in \
-            found["bert traced with dropout"]
+        assert found["bert traced with dropout"] == ("passed", True, True)
+        assert "'<root>' was traced in eval mode and is checked in train mode" in \
+            found["bert traced in eval mode"]
         assert "the pipeline's loss" in found["wrong forward"]
         assert "traced in" not in found["wrong forward"]  # no dropout: no hint about modes
         assert re.search(r"the gradient of 'layers\.[012]\.", found["wrong backward"])
