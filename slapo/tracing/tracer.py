@@ -420,7 +420,7 @@ def _trace_error(err: Exception, path: str, mod: nn.Module) -> TraceError:
 
 def _finish(gm: fx.GraphModule, mod: nn.Module) -> None:
     """Drop example values (keeping their kind, and a tuple's item kinds), keep plain
-    attributes such as ``config``."""
+    attributes such as ``config``, and let dropout traced in train mode follow the mode."""
     # Every node's example value goes before dead code is removed: the graph's namespace keeps
     # its removed nodes, and a fake value there would keep the trace's FakeTensorMode alive,
     # whose weak references to the parameters forbid materialize's swap_tensors later.
