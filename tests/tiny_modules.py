@@ -20,6 +20,18 @@ class MLPBlock(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
+class MLP(nn.Module):
+    """fc2(gelu(fc1(x))), upstream's MLP of its sharding tests (no norm, no residual)."""
+
+    def __init__(self, hidden: int = 32, ffn: int = 128):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.fc2 = nn.Linear(ffn, hidden)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
 def schedule_mlp(sch, input_grad_sync: bool = True) -> None:
     sch["fc1"].shard("weight", axis=0)
     if input_grad_sync:

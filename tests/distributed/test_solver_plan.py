@@ -12,8 +12,8 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from distributed import run_ranks
+from tiny_modules import MLP
 from torch import nn
 
 import slapo
@@ -22,16 +22,6 @@ from slapo.verify import relative_error
 pytest.importorskip("z3")
 
 BS, SEQ, HIDDEN = 2, 8, 16
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(HIDDEN, 4 * HIDDEN)
-        self.fc2 = nn.Linear(4 * HIDDEN, HIDDEN)
-
-    def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
 
 
 class Wide(nn.Module):
@@ -57,7 +47,7 @@ def _plan_and_run():
     torch.manual_seed(0)
     x = torch.randn(BS, SEQ, HIDDEN)  # the same on every rank (same seed)
     found = {}
-    for name, make in (("mlp", MLP), ("wide", Wide)):
+    for name, make in (("mlp", lambda: MLP(HIDDEN, 4 * HIDDEN)), ("wide", Wide)):
         plain = make()
         traced = slapo.create_schedule(copy.deepcopy(plain))
         traced.trace()

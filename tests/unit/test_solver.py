@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_modules import MLP
 from torch import nn
 
 import slapo
@@ -23,16 +24,6 @@ def traced(module):
     sch = slapo.create_schedule(module)
     sch.trace()
     return sch.mod
-
-
-class MLP(nn.Module):
-    def __init__(self, dim=HIDDEN):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, 4 * dim)
-        self.fc2 = nn.Linear(4 * dim, dim)
-
-    def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
 
 
 class Attention(nn.Module):
