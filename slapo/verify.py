@@ -239,8 +239,11 @@ class Verify(contextlib.ContextDecorator):
         from .build import build
         topo = self.topology
         self._place(None, shard_group=self.sch.group)  # the stages of all ranks start alike
-        inputs = vp.replica_batch(_arguments(_to(self.inputs, self.device)), topo)
-        targets = vp.replica_batch([_to(self.targets, self.device)], topo)[0]
+        def replica_batch(values):  # as the replica's first rank has them
+            return _broadcast(_broadcast(values, topo.tensor_group), topo.pipeline_group)
+
+        inputs = replica_batch(_to(self.inputs, self.device))
+        targets = replica_batch([_to(self.targets, self.device)])[0]
         rows = next(v for v in (inputs.values() if isinstance(inputs, dict) else inputs)
                     if isinstance(v, torch.Tensor)).shape[0]
         n = vp.micro_batches(self.config, rows, topo.dp)
@@ -346,15 +349,10 @@ def _to(inputs, device):
     return inputs
 
 
-def _arguments(inputs) -> dict | list:
-    """``inputs`` as a new dict of keyword arguments or list of positional ones."""
-    return dict(inputs) if isinstance(inputs, dict) else list(
-        inputs if isinstance(inputs, (list, tuple)) else [inputs])
-
-
 def _broadcast(inputs, group):
     """``inputs`` as the first rank of ``group`` has them (tensors broadcast in place)."""
-    inputs = _arguments(inputs)
+    inputs = dict(inputs) if isinstance(inputs, dict) else list(
+        inputs if isinstance(inputs, (list, tuple)) else [inputs])
     if world_size(group) > 1:
         src = first_rank(group)
         for value in (inputs.values() if isinstance(inputs, dict) else inputs):

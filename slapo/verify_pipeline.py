@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch import nn
 
 from .pipeline import pipeline_cuts
-from .sharding import first_rank
 from .topology import Topology
 
 # DeepSpeed's mixed-precision sections: the pipeline built here has no loss scaling or
@@ -112,17 +111,6 @@ def micro_batches(config, rows: int, dp: int) -> int:
         raise ValueError(f"slapo.Verify: the example batch has {rows} rows, not a multiple of "
                          f"the micro-batch size {size} (config {what})")
     return rows // size
-
-
-def replica_batch(values, topology: Topology):
-    """``values`` (a list or dict of tensors) as the first rank of this data-parallel replica
-    has them: broadcast within each stage's tensor group, then along the pipeline."""
-    for group in (topology.tensor_group, topology.pipeline_group):
-        src = first_rank(group)
-        for value in (values.values() if isinstance(values, dict) else values):
-            if isinstance(value, torch.Tensor):
-                dist.broadcast(value, src=src, group=group)
-    return values
 
 
 def plain_loss(model: nn.Module, inputs, targets: torch.Tensor, loss_fn: Callable,
