@@ -2,7 +2,7 @@
 # The one-GPU check (docs/gpu.md), one part per call, each part sized for a GPU lent for minutes
 # (at most 7 minutes wall on one H200 from a bare machine, wheel installs included):
 #
-#   bash scripts/gpu_check.sh PART [OUT_FOLDER] [gpu_check run options, e.g. --budget 200]
+#   bash scripts/gpu_check.sh PART [OUT_FOLDER] [gpu_check run options, e.g. --deadline 300]
 #
 #   PART  bert | gpt-neo | opt | llama: the cases of configs/gpu_check/PART.cfg (Slapo against
 #         HF SDPA, HF + torch.compile, HF + liger-kernel, megatron-core and DeepSpeed ZeRO-3 on

@@ -41,17 +41,23 @@ Options (each family honours all of them):
                    counts encoder then decoder blocks, WideResNet its bottleneck blocks).
   device           the device type the model trains on, ``"cpu"`` or ``"cuda"`` (default: CUDA
                    when a GPU is visible): kernel_opt chooses what is fastest there.
-  compile_layers   with kernel_opt, compile each layer (T5 block, WideResNet bottleneck block)
-                   as one ``torch.compile`` region (the ``compile`` primitive), in which
+  compile_layers   with kernel_opt, compile each transformer layer (T5: block) as one
+                   ``torch.compile`` region (the ``compile`` primitive), in which
                    Inductor fuses the memory-bound work between the matrix products (norms with
                    their residual add and dropout, rotary embeddings, gated activations,
                    bias+activation) and cuBLAS keeps each Linear's bias in its epilogue; the
-                   bias+GeLU rewrites above are then left out. Default: on CUDA, where the
-                   same fusion over the whole model (``hf-compile``) trained bert-large and
-                   llama-1.1b 1.23x and 1.29x as fast as HF with SDPA on one H200; off on CPU,
-                   where compiling costs seconds per layer and the rewrites above were
-                   measured faster. Pass False under engines that hook into modules after the
-                   schedule (DeepSpeed ZeRO-3 gathers parameters in module hooks).
+                   bias+GeLU rewrites above are then left out. The loss is compiled too
+                   (``slapo.op.compiled_loss``: the float32 cross entropy in one region, where
+                   the model's eager loss writes out vocabulary-sized tensors), unless the
+                   vocabulary-parallel loss replaces it, and BERT's MLM head transform (dense,
+                   GeLU, LayerNorm) is one more region. WideResNet compiles nothing.
+                   Default: on CUDA, where the same fusion over the whole model
+                   (``hf-compile``) trained bert-large and llama-1.1b 1.23x and 1.29x as fast
+                   as HF with SDPA on one H200; off on CPU, where compiling costs seconds
+                   per layer and the rewrites above were measured faster. Under DeepSpeed
+                   ZeRO-3, which gathers parameters in module hooks, ``build(target=
+                   "deepspeed")`` makes each compiled layer a ZeRO-3 leaf module
+                   (``slapo.engines.with_zero3_leaves``; torch 2.13 or later).
 The scheduled model is called exactly like the plain one and returns its loss the same way.
 
 Each family's ``schedule`` calls the primitives itself, in the order of the paper's listings:

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ..op import bias_gelu, use_device_dropout, use_sdpa, vocab_parallel_loss
+from ..op import bias_gelu, compiled_loss, use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
 from .common import sdpa_gpt_neo
 
@@ -29,6 +29,8 @@ def schedule(sch, opts) -> None:
     if opts.kernel_opt:
         use_sdpa(sch)
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
+        if opts.compile_layers:
+            compiled_loss(sch, "causal")  # the loss in one Inductor region
         for layer in layers:
             sdpa_gpt_neo(layer["attn.attention"])  # the attention core on SDPA
             if opts.compile_layers:  # one Inductor region: tanh-GeLU, residual, LayerNorm

@@ -3,7 +3,7 @@ so grouped-query attention keeps its group size; the SwiGLU FFN has no GeLU to f
 
 from __future__ import annotations
 
-from ..op import use_device_dropout, use_sdpa, vocab_parallel_loss
+from ..op import compiled_loss, use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
 
 
@@ -15,6 +15,7 @@ def schedule(sch, opts) -> None:
         if opts.compile_layers:  # one Inductor region a layer: RMSNorm, RoPE, SwiGLU fused
             for layer in layers:
                 layer.compile()
+            compiled_loss(sch, "causal")  # the loss in one Inductor region
     if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
             attn = layer["self_attn"]  # its forward infers the head count from the shapes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..op import use_device_dropout, use_sdpa, vocab_parallel_loss
+from ..op import compiled_loss, use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
 
 
@@ -14,6 +14,7 @@ def schedule(sch, opts) -> None:
         if opts.compile_layers:  # one Inductor region a layer: ReLU, residual, LayerNorm, dropout
             for layer in layers:
                 layer.compile()
+            compiled_loss(sch, "causal")  # the loss in one Inductor region
     if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
             attn = layer["self_attn"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from ..op import kernel_compiler, use_device_dropout, use_sdpa, vocab_parallel_loss
+from ..op import compiled_loss, kernel_compiler, use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
 
 
@@ -19,6 +19,8 @@ def schedule(sch, opts) -> None:
     if opts.kernel_opt:
         use_sdpa(sch)  # attention on SDPA
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
+        if opts.compile_layers:
+            compiled_loss(sch, "masked")  # the loss in one Inductor region
         for layer in layers:
             if opts.compile_layers:  # one Inductor region: bias+GeLU, residual, LayerNorm
                 layer.compile()

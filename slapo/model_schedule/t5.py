@@ -4,7 +4,7 @@ FFN. Both stacks count as layers for the checkpoint ratio, encoder blocks first.
 
 from __future__ import annotations
 
-from ..op import use_device_dropout, use_sdpa, vocab_parallel_loss
+from ..op import compiled_loss, use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
 from .common import all_reduce_output_grad
 
@@ -19,6 +19,7 @@ def schedule(sch, opts) -> None:
         if opts.compile_layers:  # one Inductor region a block: RMSNorm, residual, FFN act
             for block in blocks:
                 block.compile()
+            compiled_loss(sch, "seq2seq")  # the loss in one Inductor region
     if opts.tensor_parallel and sch.world_size > 1:
         for attn in attns:  # self-attention and (decoder) cross-attention
             for name in ("q", "k", "v"):

@@ -11,12 +11,19 @@ device its tensors are on (``kernel_choices``).
 - ``bias_gelu`` / ``LinearGeLU`` / ``Conv1DGeLU`` (transformers' Conv1D) / ``kernel_compiler``
   (the backend for ``fuse``): ``gelu.py``
 - ``dropout`` / ``Dropout`` / ``use_device_dropout``: ``dropout.py``
-- ``vocab_parallel_cross_entropy`` / ``vocab_parallel_loss``: ``cross_entropy.py``
+- ``vocab_parallel_cross_entropy`` / ``vocab_parallel_loss``, and the same loss compiled on
+  unsharded logits, ``compiled_cross_entropy`` / ``compiled_loss``: ``cross_entropy.py``
 - upstream Slapo's names: ``FusedQKV``, ``FusedMLP``, ``LinearWithSeparateBias``,
   ``LinearWithSyncFunc``, ``ParallelCrossEntropy``, ``Print``: ``upstream.py``
 """
 
-from .cross_entropy import LOSS_KINDS, vocab_parallel_cross_entropy, vocab_parallel_loss
+from .cross_entropy import (
+    LOSS_KINDS,
+    compiled_cross_entropy,
+    compiled_loss,
+    vocab_parallel_cross_entropy,
+    vocab_parallel_loss,
+)
 from .dropout import Dropout, dropout, dropout_kernel, use_device_dropout
 from .flash_attention import FlashAttention
 from .gelu import (
@@ -51,12 +58,13 @@ from .upstream import (
 
 __all__ = ["Conv1DGeLU", "CoreAttention", "Dropout", "FlashAttention", "FusedMLP", "FusedQKV",
            "LOSS_KINDS", "LinearGeLU", "LinearWithSeparateBias", "LinearWithSyncFunc",
-           "ParallelCrossEntropy", "Print", "SLAPO_ATTENTION", "SLAPO_CORE_ATTENTION", "attention",
-           "bias_gelu", "bias_gelu_kernel", "compiled_kernel_state", "dropout", "dropout_kernel",
+           "ParallelCrossEntropy", "Print", "SLAPO_ATTENTION", "SLAPO_CORE_ATTENTION",
+           "attention", "bias_gelu", "bias_gelu_kernel", "compiled_cross_entropy",
+           "compiled_kernel_state", "compiled_loss", "dropout", "dropout_kernel",
            "gelu_approximation", "hf_attention_forward", "hf_core_attention_forward",
            "kernel_choices", "kernel_compiler", "math_attention", "merge_masks",
-           "register_hf_attention", "register_hf_core_attention", "use_device_dropout", "use_sdpa",
-           "vocab_parallel_cross_entropy", "vocab_parallel_loss"]
+           "register_hf_attention", "register_hf_core_attention", "use_device_dropout",
+           "use_sdpa", "vocab_parallel_cross_entropy", "vocab_parallel_loss"]
 
 
 def __getattr__(name: str):

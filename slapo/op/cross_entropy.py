@@ -15,6 +15,9 @@ through this loss supports one backward). Targets equal to ``ignore_index`` give
 loss 0 and zero gradient, and the mean is taken over the other tokens, as
 ``F.cross_entropy(..., ignore_index=-100)`` does. Computation is in float32 (like HF's losses).
 With world size 1 (or no process group) it is a plain cross entropy.
+
+Also here: the same loss on unsharded logits compiled into one region
+(``compiled_cross_entropy``, ``compiled_loss``), the kernel path's loss on CUDA.
 """
 
 from __future__ import annotations
@@ -97,12 +100,10 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, gro
 LOSS_KINDS = ("causal", "masked", "seq2seq")
 
 
-def vocab_parallel_output_loss(output, target: torch.Tensor, kind: str = "causal",
-                               group=None) -> torch.Tensor:
-    """The loss ``vocab_parallel_loss`` computes, from the model's output and its labels: the
-    ``loss_fn(output, target)`` of a pipeline's last stage once ``trace`` took that loss out of
-    the model's forward. ``output``: the (vocabulary-sharded) logits, or a tuple holding them
-    first, or a dict holding them as ``"logits"``; ``kind`` ``"causal"`` or ``"masked"``."""
+def _logits_and_target(output, target: torch.Tensor, kind: str):
+    """The logits in a model's ``output`` (the logits, a tuple holding them first, or a dict
+    holding them as ``"logits"``) and ``target`` lined up with them: for ``"causal"``, token
+    ``t``'s label is ``t+1``'s (the last token's is ignored)."""
     if kind not in ("causal", "masked"):
         raise ValueError(f"loss kind {kind!r}: a loss from the output alone is 'causal' or "
                          "'masked' (seq2seq makes the decoder's inputs from the labels)")
@@ -115,7 +116,74 @@ def vocab_parallel_output_loss(output, target: torch.Tensor, kind: str = "causal
     target = target.to(logits.device)
     if kind == "causal":
         target = F.pad(target, (0, 1), value=-100)[..., 1:]
+    return logits, target
+
+
+def vocab_parallel_output_loss(output, target: torch.Tensor, kind: str = "causal",
+                               group=None) -> torch.Tensor:
+    """The loss ``vocab_parallel_loss`` computes, from the model's output and its labels: the
+    ``loss_fn(output, target)`` of a pipeline's last stage once ``trace`` took that loss out of
+    the model's forward. ``output``: the (vocabulary-sharded) logits, or a tuple holding them
+    first, or a dict holding them as ``"logits"``; ``kind`` ``"causal"`` or ``"masked"``."""
+    logits, target = _logits_and_target(output, target, kind)
     return vocab_parallel_cross_entropy(logits, target, group)
+
+
+def _cross_entropy_fp32(logits: torch.Tensor, target: torch.Tensor,
+                        ignore_index: int) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten(),
+                           ignore_index=ignore_index)
+
+
+@functools.cache
+def _compiled_cross_entropy():
+    return torch.compile(_cross_entropy_fp32, dynamic=False)
+
+
+def compiled_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
+                           ignore_index: int = -100) -> torch.Tensor:
+    """``F.cross_entropy`` of ``logits`` (``[..., V]``, any float dtype) in float32 against
+    ``target`` (``[...]``), the mean over tokens not equal to ``ignore_index``, as HF's losses
+    compute it, but compiled by ``torch.compile`` (Inductor): the up-cast, log-softmax and
+    NLL are one pass over the logits, their backward another, where the eager loss writes out
+    the logits in float32 and their log-softmax, forward and backward (about five times the
+    logits' bytes more, for a vocabulary-sized tensor per token)."""
+    if logits.shape[:-1] != target.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and target {tuple(target.shape)} "
+                         "disagree outside the vocabulary axis")
+    return _compiled_cross_entropy()(logits, target, ignore_index)
+
+
+def compiled_output_loss(output, target: torch.Tensor, kind: str = "causal") -> torch.Tensor:
+    """The loss ``compiled_loss`` computes, from the model's output and its labels (as
+    :func:`vocab_parallel_output_loss`, with the full vocabulary on every rank)."""
+    logits, target = _logits_and_target(output, target, kind)
+    return compiled_cross_entropy(logits, target)
+
+
+def _loss_at_root(sch, kind: str, output_loss) -> None:
+    """Wrap the root model's forward so that, given ``labels``, it computes its loss as
+    ``output_loss(output, labels, kind)`` instead of the model's own (see the callers)."""
+    if kind not in LOSS_KINDS:
+        raise ValueError(f"unknown loss kind {kind!r}; expected one of {LOSS_KINDS}")
+    model = sch.mod
+    inner = model.forward
+    if kind != "seq2seq":  # a traced root hands this loss to the pipeline's last stage (trace)
+        state.set_loss_fn(model, functools.partial(output_loss, kind=kind))
+
+    @functools.wraps(inner)
+    def forward(*args, labels=None, **kwargs):
+        if labels is None:
+            return inner(*args, **kwargs)
+        if kind == "seq2seq" and kwargs.get("decoder_input_ids") is None \
+                and kwargs.get("decoder_inputs_embeds") is None:
+            kwargs["decoder_input_ids"] = model._shift_right(labels)
+        out = inner(*args, **kwargs)
+        # seq2seq labels line up with the decoder's logits, as masked ones with the tokens
+        loss = output_loss(out.logits, labels, kind="causal" if kind == "causal" else "masked")
+        return type(out)(loss=loss, **{k: v for k, v in out.items() if k != "loss"})
+
+    model.forward = forward
 
 
 def vocab_parallel_loss(sch, kind: str) -> None:
@@ -135,25 +203,15 @@ def vocab_parallel_loss(sch, kind: str) -> None:
     ``build(target="pipeline")`` computes this loss on its last stage
     (:func:`vocab_parallel_output_loss`; ``"causal"`` and ``"masked"``).
     """
-    if kind not in LOSS_KINDS:
-        raise ValueError(f"unknown loss kind {kind!r}; expected one of {LOSS_KINDS}")
-    model, group = sch.mod, sch.group
-    inner = model.forward
-    if kind != "seq2seq":  # a traced root hands this loss to the pipeline's last stage (trace)
-        state.set_loss_fn(model, functools.partial(vocab_parallel_output_loss, kind=kind,
-                                                   group=group))
+    _loss_at_root(sch, kind, functools.partial(vocab_parallel_output_loss, group=sch.group))
 
-    @functools.wraps(inner)
-    def forward(*args, labels=None, **kwargs):
-        if labels is None:
-            return inner(*args, **kwargs)
-        if kind == "seq2seq" and kwargs.get("decoder_input_ids") is None \
-                and kwargs.get("decoder_inputs_embeds") is None:
-            kwargs["decoder_input_ids"] = model._shift_right(labels)
-        out = inner(*args, **kwargs)
-        # seq2seq labels line up with the decoder's logits, as masked ones with the tokens
-        loss = vocab_parallel_output_loss(out.logits, labels, group=group,
-                                          kind="causal" if kind == "causal" else "masked")
-        return type(out)(loss=loss, **{k: v for k, v in out.items() if k != "loss"})
 
-    model.forward = forward
+def compiled_loss(sch, kind: str) -> None:
+    """Make the root model of the schedule ``sch`` compute its loss with
+    :func:`compiled_cross_entropy` (one compiled region for the loss, which the model's own
+    forward computes eagerly), on the full logits; ``kind`` and everything else as
+    :func:`vocab_parallel_loss`. Installed first and followed by ``vocab_parallel_loss`` (a
+    schedule that shards the LM head after choosing its kernels), the later one computes the
+    loss: it calls the forward without labels, which this wrapper passes through.
+    """
+    _loss_at_root(sch, kind, compiled_output_loss)

@@ -50,9 +50,8 @@ def test_targets_pass_at_their_thresholds():
 
 def test_targets_fail_below_their_thresholds():
     v = verdicts(rec("slapo-megatron", 300, mfu=0.38), rec("hf-sdpa", 250),
-                 rec("hf-compile", 290), rec("hf-liger", 295), rec("slapo-deepspeed", 60,
-                                                                  mfu=0.39),
-                 rec("deepspeed", 63))
+                 rec("hf-compile", 290), rec("hf-liger", 295), rec("megatron", 120),
+                 rec("slapo-deepspeed", 60, mfu=0.39), rec("deepspeed", 63))
     assert v["T1"].verdict == "FAIL" and "best baseline hf-liger" in v["T1"].detail
     assert v["T2"].verdict == "FAIL"
     assert v["T3"].verdict == "FAIL" and v["T3"].value == 0.39  # the better Slapo system
@@ -89,10 +88,19 @@ def test_missing_or_failed_records_are_not_run_with_the_reason():
     assert v["T1"].verdict == "NOT-RUN" and "slapo-megatron: oom (CUDA OOM)" in v["T1"].detail
     assert v["T2"].verdict == "NOT-RUN" and "deepspeed: no record" in v["T2"].detail
     assert v["T3"].verdict == "NOT-RUN"  # no MFU: the ok Slapo record has no known peak
-    # An unsupported baseline (HF has no SDPA for GPT-Neo) leaves the others to compare with.
+    # An unsupported baseline (HF has no SDPA for GPT-Neo) or one out of memory leaves the
+    # others to compare with; one not run or failed (a timeout included) might have been the
+    # best.
     v = verdicts(rec("slapo-megatron", 50), rec("hf-sdpa", status="unsupported"),
-                 rec("hf-compile", 40))
+                 rec("hf-compile", 40), rec("hf-liger", status="oom"), rec("megatron", 30))
     assert v["T1"].verdict == "PASS" and "best baseline hf-compile" in v["T1"].detail
+    v = verdicts(rec("slapo-megatron", 50), rec("hf-sdpa", status="unsupported"),
+                 rec("hf-compile", status="failed"), rec("megatron", 30))
+    assert v["T1"].verdict == "NOT-RUN"
+    assert v["T1"].detail == "hf-compile: failed (CUDA OOM); hf-liger: no record"
+    v = verdicts(rec("slapo-megatron", 50), *(rec(m, status="unsupported") for m in
+                                            ("hf-sdpa", "hf-compile", "hf-liger", "megatron")))
+    assert v["T1"].verdict == "NOT-RUN" and v["T1"].detail.count("unsupported") == 4
 
 
 def test_judge_writes_the_summary(tmp_path):
@@ -100,7 +108,8 @@ def test_judge_writes_the_summary(tmp_path):
     slapo.metrics.extra.update(precision="bf16 autocast over fp32 parameters (the master weights)",
                                optimizer="torch.optim.adamw.AdamW (fused)",
                                notes=["Slapo kernels on cuda: layers: one region each"])
-    for r in (slapo, rec("hf-sdpa", 200), rec("hf-liger", status="unsupported")):
+    for r in (slapo, rec("hf-sdpa", 200), rec("hf-compile", 190),
+              rec("hf-liger", status="unsupported"), rec("megatron", 100)):
         write_record(r, tmp_path / f"{r.id}.json")
     judge(tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -133,7 +142,7 @@ def gpu_check(*args):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_run_on_cpu_ranks_resumes_and_keeps_to_its_budget(tmp_path):
+def test_run_on_cpu_ranks_resumes_and_keeps_to_its_deadline(tmp_path):
     cfg = tmp_path / "small.cfg"
     cfg.write_text(CFG)
     out = tmp_path / "records"
@@ -146,22 +155,50 @@ def test_run_on_cpu_ranks_resumes_and_keeps_to_its_budget(tmp_path):
         "hf-sdpa__bert-tiny__g1__s16__b4__c0.json", "hf-sdpa__gpt-neo-tiny__g1__s16__b4__c0.json",
         "slapo-megatron__bert-tiny__g1__s16__b4__c0.json", "summary.json"]
     assert (out / "logs" / "slapo-megatron__bert-tiny__g1__s16__b4__c0.log").is_file()
-    verdicts = {(v["model"], v["target"]): v["verdict"]
-                for v in json.loads((out / "summary.json").read_text())["verdicts"]}
-    assert verdicts[("bert-tiny", "T1")] in ("PASS", "FAIL")  # both ran: a real comparison
+    judged = {(v["model"], v["target"]): v
+              for v in json.loads((out / "summary.json").read_text())["verdicts"]}
+    verdicts = {key: v["verdict"] for key, v in judged.items()}
+    # T1 waits for every baseline: the cfg has one of four
+    assert verdicts[("bert-tiny", "T1")] == "NOT-RUN"
+    assert judged[("bert-tiny", "T1")]["detail"] == ("hf-compile: no record; hf-liger: no "
+                                                     "record; megatron: no record")
     assert verdicts[("bert-tiny", "T3")] == "NOT-RUN"  # no MFU without a known GPU peak
+    assert verdicts[("bert-tiny", "L")] in ("PASS", "FAIL")  # both ran: a real comparison
     # The exit status says whether a target failed (the harness itself ran fine).
     assert proc.returncode == (1 if "FAIL" in verdicts.values() else 0), proc.stderr
-    # A rerun keeps the settled records (ok, unsupported) and runs the rest; a spent budget
-    # starts nothing new.
+    # A rerun keeps the settled records (ok, unsupported) and runs the rest; a deadline too
+    # near starts nothing new.
     (out / "hf-sdpa__bert-tiny__g1__s16__b4__c0.json").unlink()
     proc = gpu_check("run", cfg, "--out", out, "--device", "cpu", "--dtype", "fp32",
-                     "--steps", "3", "--warmup", "1", "--timeout", "900", "--budget", "0")
+                     "--steps", "3", "--warmup", "1", "--timeout", "900", "--deadline", "0")
     assert "slapo-megatron__bert-tiny__g1__s16__b4__c0: ok already, kept" in proc.stdout
     assert "hf-sdpa__gpt-neo-tiny__g1__s16__b4__c0: unsupported already, kept" in proc.stdout
-    assert "hf-sdpa__bert-tiny__g1__s16__b4__c0: not started, the budget" in proc.stdout
+    assert ("hf-sdpa__bert-tiny__g1__s16__b4__c0: not started, 0 s of the 0 s deadline left "
+            "(a case gets at least 45 s)") in proc.stdout
     assert not (out / "hf-sdpa__bert-tiny__g1__s16__b4__c0.json").exists()
     assert "1 case(s) not run" in proc.stderr
+
+
+def test_the_deadline_cuts_each_case_timeout_and_starts_none_too_late(tmp_path, monkeypatch):
+    """Each case gets min(--timeout, what is left of --deadline); none starts with less than
+    --min-case seconds left (a fake clock: each case takes 70 s)."""
+    from slapo_ae.analysis import gpu_check
+    from slapo_ae.harness import cli
+
+    cfg = tmp_path / "four.cfg"
+    cfg.write_text("".join(f"{mode} bert-tiny 1 16 0 4 0\n" for mode in
+                           ("slapo-megatron", "hf-sdpa", "hf-compile", "megatron")))
+    clock, timeouts = [1000.0], []
+
+    def fake_run(args):
+        timeouts.append(args[args.index("--timeout") + 1])
+        clock[0] += 70
+
+    monkeypatch.setattr(gpu_check.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cli, "main", fake_run)
+    skipped = gpu_check.run(cfg, tmp_path / "out", 3, 1, "fp32", "cpu", deadline_s=200,
+                            timeout_s=100, min_case_s=45)
+    assert timeouts == ["100", "100", "60"] and skipped == 1  # 0 s left for the fourth
 
 
 def test_script_and_wheels_are_valid_bash():

@@ -191,6 +191,81 @@ def test_cuda_schedule_compiles_each_layer_and_keeps_linears_whole():
     assert not any(state.is_compiled(m) for m in cpu.modules())
 
 
+def test_cuda_schedule_compiles_the_loss_and_berts_head_transform():
+    from slapo import state
+    from slapo.op.cross_entropy import compiled_output_loss
+
+    model = build_model("bert-tiny")
+    schedule_model(slapo.create_schedule(model), tensor_parallel=False, kernel_opt=True,
+                   device="cuda")
+    assert state.is_compiled(model.cls.predictions.transform)
+    assert state.loss_fn(model).func is compiled_output_loss  # what a pipeline's stage takes
+    assert "forward" in model.__dict__  # the root computes its loss through it
+    cpu = build_model("bert-tiny")
+    schedule_model(slapo.create_schedule(cpu), tensor_parallel=False, kernel_opt=True,
+                   device="cpu")
+    assert state.loss_fn(cpu) is None and "forward" not in cpu.__dict__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_cross_entropy_is_hfs_loss_forward_and_backward(dtype):
+    """Inductor on CPU: the compiled loss and its gradient equal the eager float32 loss's
+    (HF's: up-cast, then the mean over tokens not labelled -100), the gradient in the
+    logits' dtype."""
+    import torch.nn.functional as F
+
+    from slapo.op import compiled_cross_entropy
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 50, generator=gen).to(dtype).requires_grad_()
+    target = torch.randint(0, 50, (3, 7), generator=gen)
+    target[0, :3] = -100
+    eager = logits.detach().clone().requires_grad_()
+    expected = F.cross_entropy(eager.float().flatten(0, 1), target.flatten(), ignore_index=-100)
+    expected.backward()
+    loss = compiled_cross_entropy(logits, target)
+    loss.backward()
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+    assert logits.grad.dtype == dtype
+    torch.testing.assert_close(logits.grad, eager.grad, rtol=1e-5 if dtype is torch.float32
+                               else 1.6e-2, atol=1e-7)
+    assert logits.grad[0, :3].abs().max() == 0  # ignored tokens: no gradient
+    with pytest.raises(ValueError, match=r"logits \(3, 7, 50\) and target \(3, 6\) disagree"):
+        compiled_cross_entropy(logits, target[:, :6])
+
+
+@pytest.mark.parametrize("version,compiles", [("2.13.0", True), ("2.11.0+cu130", False)])
+def test_slapo_zero3_compiles_on_cuda_only_with_a_torch_that_trains_it_right(
+        version, compiles, monkeypatch):
+    """Slapo-ZeRO3 on CUDA compiles its layers as Slapo-TP does, but nothing with a torch
+    whose compiled regions trained wrong under ZeRO-3 (2.11), and says why in its notes.
+    Its schedule is built on the CPU (DeepSpeed moves the model), so this runs here."""
+    from slapo import state
+    from slapo.engines import zero3_compile_problem
+    from slapo.op.gelu import ENV_COMPILE, kernel_compiler
+    from slapo_ae.harness.systems.slapo_zero3 import SlapoZero3System
+
+    monkeypatch.setenv(ENV_COMPILE, "auto")  # restored after the test: build may set it
+    monkeypatch.setattr(torch, "__version__", version)
+    assert (zero3_compile_problem() is None) == compiles
+    ctx = base.DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cuda"))
+    system = SlapoZero3System(_spec("slapo-deepspeed", model="bert-tiny", device="cuda",
+                                    dtype="bf16"), ctx)
+    model = system.build()
+    layers = model.bert.encoder.layer
+    assert all(state.is_compiled(layer) for layer in layers) == compiles
+    notes = " | ".join(system.notes)
+    if compiles:
+        assert "compiles nothing" not in notes and "layers: one torch.compile" in notes
+    else:
+        assert not any(state.is_compiled(m) for m in model.modules())
+        assert f"Slapo-ZeRO3 compiles nothing: torch {version} trained compiled regions" in notes
+        assert kernel_compiler("cuda") is None  # the fused bias+GeLU stays eager too
+        assert "bias_gelu: eager" in notes
+
+
 def test_compile_comes_before_checkpoint_and_once():
     import torch._dynamo
 

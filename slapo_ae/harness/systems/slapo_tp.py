@@ -56,6 +56,10 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
             choices["bias_gelu"] = "in the layer's region"
             choices["layers"] = ("one torch.compile (inductor) region each: norms, residual "
                                  "adds, dropout, rotary, activations fused; matmuls on cuBLAS")
+            vocab_parallel = (options.get("tensor_parallel") and options.get("shard_embedding")
+                              and sch.world_size > 1)
+            choices["loss"] = ("vocabulary-parallel cross entropy" if vocab_parallel else
+                               "cross entropy in one torch.compile region (float32)")
         else:
             choices["layers"] = "eager" + (" (compiling is off on CPU: seconds per layer)"
                                            if device == "cpu" else "")

@@ -1,9 +1,13 @@
 """``slapo-deepspeed`` (Slapo-ZeRO3): the HF model with its Slapo schedule (kernels and the
 case's checkpoint ratio, no tensor parallelism), handed to DeepSpeed ZeRO-3 by
-``slapo.build(sch, target="deepspeed")`` with the configuration of ``deepspeed``."""
+``slapo.build(sch, target="deepspeed")`` with the configuration of ``deepspeed``. On CUDA
+the schedule compiles each layer, as Slapo-TP's does, and the build makes each compiled layer
+a ZeRO-3 leaf module (``slapo.engines.with_zero3_leaves``); with a torch older than
+``slapo.engines.ZERO3_COMPILE_MIN_TORCH`` it compiles nothing (the reason is in the record)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -16,21 +20,31 @@ class SlapoZero3System(DeepSpeedZero3System):
     description = "HF model + Slapo schedule (kernels, checkpoint ratio) on DeepSpeed ZeRO-3"
 
     def build(self):
+        from slapo.engines import zero3_compile_problem
+        from slapo.op.gelu import ENV_COMPILE
+
         on_cpu = dataclasses.replace(self.ctx, device=torch.device("cpu"))  # DeepSpeed moves it
-        # No compiled layers: ZeRO-3 gathers each module's parameters in hooks it adds at
-        # initialize, which a region compiled from the schedule's modules would not run.
+        problem = zero3_compile_problem() if self.ctx.device.type == "cuda" else None
+        if problem:  # nothing compiled: the layers stay eager, and so does every fused kernel
+            os.environ[ENV_COMPILE] = "0"
+            self.notes.append(f"Slapo-ZeRO3 compiles nothing: {problem}")
         self.schedule = schedule(self.spec, on_cpu, self.notes, trains_on=self.ctx.device,
                                  tensor_parallel=False, shard_embedding=False, kernel_opt=True,
-                                 compile_layers=False)
-        if self.ctx.device.type == "cuda":
-            self.notes.append("Slapo-ZeRO3 compiles no layers: ZeRO-3 gathers each module's "
-                              "parameters in hooks that a compiled layer would not run")
+                                 compile_layers=False if problem else None)
         return self.schedule.mod
 
     def initialize(self, optimizer, config: dict):
         """DeepSpeed's engine through Slapo's own build (the weights are the zoo model's)."""
         import slapo
+        from slapo.engines import zero3_leaves
 
+        leaves, refused = zero3_leaves(self.schedule.mod)
+        if leaves:
+            self.notes.append(f"ZeRO-3 leaf modules: {len(leaves)} compiled regions of the "
+                              "schedule (slapo.engines.with_zero3_leaves), each gathering its "
+                              "parameters once, before its compiled forward")
+        for name, why in refused.items():
+            self.notes.append(f"compiled region {name} is no ZeRO-3 leaf: {why}")
         engine, _ = slapo.build(self.schedule, target="deepspeed", init_weights=False,
                                 config=config, optimizer=optimizer)
         return engine
