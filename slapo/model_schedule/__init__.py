@@ -30,7 +30,9 @@ Options (each family honours all of them):
                    (``slapo.op.Dropout``: uniform draws on CPU, ``F.dropout`` on CUDA), fused
                    bias+GeLU where the model has one (BERT and RoBERTa intermediate: found in
                    the traced block and fused, compiled with ``slapo.op.kernel_compiler()``:
-                   Inductor on CUDA, uncompiled on CPU; GPT-Neo MLP: its written-out tanh GeLU
+                   Inductor on CUDA, uncompiled on CPU; not at all on CUDA when nothing may
+                   compile it, ``SLAPO_COMPILE_KERNELS=0``, as the Linear's bias is then best
+                   left in cuBLAS's epilogue; GPT-Neo MLP: its written-out tanh GeLU
                    found and replaced by ``slapo.op.bias_gelu``, one GeLU op that is faster
                    than the uncompiled formula on CPU;
                    GPT-2 ``mlp.c_fc``, a Conv1D: ``slapo.op.Conv1DGeLU``); OPT, T5 and LLaMA

@@ -19,18 +19,18 @@ def schedule(sch, opts) -> None:
     if opts.kernel_opt:
         use_sdpa(sch)  # attention on SDPA
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
-        if opts.compile_layers:  # Inductor regions for the MLM head's transform and the loss
+        if opts.compile_layers:  # Inductor regions: bias+GeLU, residual, LayerNorm; the loss
+            for layer in layers:
+                layer.compile()
             sch["cls.predictions.transform"].compile()
             compiled_loss(sch, "masked")
-        for layer in layers:
-            if opts.compile_layers:  # one Inductor region: bias+GeLU, residual, LayerNorm
-                layer.compile()
-                continue
-            ffn = layer["intermediate"]
-            ffn.trace(flatten=True)
-            ffn["dense"].decompose()
-            ffn.fuse(ffn.find(bias_gelu)[0], compiler=kernel_compiler(opts.device),
-                     name="bias_gelu")
+        elif opts.device == "cpu" or kernel_compiler(opts.device):  # else cuBLAS adds the bias
+            for layer in layers:
+                ffn = layer["intermediate"]
+                ffn.trace(flatten=True)
+                ffn["dense"].decompose()
+                ffn.fuse(ffn.find(bias_gelu)[0], compiler=kernel_compiler(opts.device),
+                         name="bias_gelu")
     if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
             attn = layer["attention"]

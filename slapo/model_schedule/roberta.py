@@ -19,17 +19,17 @@ def schedule(sch, opts) -> None:
     if opts.kernel_opt:
         use_sdpa(sch)  # attention on SDPA
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
-        if opts.compile_layers:
-            compiled_loss(sch, "masked")  # the loss in one Inductor region
-        for layer in layers:
-            if opts.compile_layers:  # one Inductor region: bias+GeLU, residual, LayerNorm
+        if opts.compile_layers:  # Inductor regions: bias+GeLU, residual, LayerNorm; the loss
+            for layer in layers:
                 layer.compile()
-                continue
-            ffn = layer["intermediate"]
-            ffn.trace(flatten=True)
-            ffn["dense"].decompose()
-            ffn.fuse(ffn.find(bias_gelu)[0], compiler=kernel_compiler(opts.device),
-                     name="bias_gelu")
+            compiled_loss(sch, "masked")
+        elif opts.device == "cpu" or kernel_compiler(opts.device):  # else cuBLAS adds the bias
+            for layer in layers:
+                ffn = layer["intermediate"]
+                ffn.trace(flatten=True)
+                ffn["dense"].decompose()
+                ffn.fuse(ffn.find(bias_gelu)[0], compiler=kernel_compiler(opts.device),
+                         name="bias_gelu")
     if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
             attn = layer["attention"]

@@ -63,6 +63,9 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
         else:
             choices["layers"] = "eager" + (" (compiling is off on CPU: seconds per layer)"
                                            if device == "cpu" else "")
+            if not any(name.rsplit(".", 1)[-1].startswith("bias_gelu")
+                       for name, _ in sch.mod.named_modules()):
+                choices["bias_gelu"] = "none (the model's own Linear and activation)"
         notes.append(f"Slapo kernels on {device}: " + "; ".join(
             f"{op}: {kernel}" for op, kernel in choices.items()))
     if options.get("tensor_parallel") and sch.world_size > 1:
