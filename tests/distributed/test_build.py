@@ -327,3 +327,54 @@ def test_compiled_regions_train_under_zero3_as_leaf_modules():
         assert losses[2] < losses[0]
         assert hooked[rank][2] == [] and hooked[rank][1]["1"] > 1
         assert hooked[rank][0] == pytest.approx(eager[rank][0], rel=1e-6, abs=1e-7)
+
+
+def _zero3_schedule(model_name: str, compiled: bool):
+    """Three ZeRO-3 steps of a tiny model under its kernel schedule on one rank's slice of a
+    batch, its layers compiled (Inductor on CPU, the CUDA path) or not; returns the losses
+    and the leaf modules."""
+    from slapo.model_schedule import schedule_model
+    from slapo_ae.harness.systems.deepspeed_zero3 import quiet_deepspeed
+    from slapo_ae.zoo import build_model, no_dropout, synthetic_batch
+
+    quiet_deepspeed("cpu")
+    os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = build_model(model_name, **no_dropout(model_name))
+    sch = slapo.create_schedule(model)
+    schedule_model(sch, tensor_parallel=False, kernel_opt=True, ckpt_ratio=0.5, device="cpu",
+                   compile_layers=compiled)
+    optimizer = torch.optim.SGD(sch.mod.parameters(), lr=0.1)
+    engine, _ = slapo.build(sch, target="deepspeed", init_weights=False, config=ZERO3,
+                            optimizer=optimizer)
+    losses = []
+    for step in range(3):
+        batch = synthetic_batch(model.config, 2, 16, seed=10 * step + dist.get_rank())
+        loss = engine(**batch).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    leaves = [n for n, m in engine.module.named_modules() if getattr(m, "_z3_leaf", False)]
+    return losses, leaves
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_name", ["bert-tiny", "llama-tiny"])
+def test_kernel_schedules_with_compiled_layers_train_under_zero3(model_name):
+    """Slapo-ZeRO3's CUDA path on CPU ranks: the family schedule's compiled layers (half of
+    them checkpointed), its compiled loss and, for BERT, its MLM head transform, as ZeRO-3
+    leaf modules, give the losses of the uncompiled schedule to 1e-4 (Inductor reassociates
+    fp32 sums)."""
+    from slapo.engines import zero3_compile_problem
+
+    if zero3_compile_problem():
+        pytest.skip(zero3_compile_problem())
+    eager = run_ranks(_zero3_schedule, model_name, False)
+    compiled = run_ranks(_zero3_schedule, model_name, True)
+    layers = {"bert-tiny": ["bert.encoder.layer.0", "bert.encoder.layer.1",
+                            "cls.predictions.transform"],
+              "llama-tiny": ["model.layers.0", "model.layers.1"]}[model_name]
+    for rank in range(2):
+        assert eager[rank][1] == [] and compiled[rank][1] == layers
+        assert compiled[rank][0] == pytest.approx(eager[rank][0], rel=1e-4)
