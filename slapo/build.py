@@ -29,8 +29,10 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
     - ``None``: ``(the scheduled nn.Module, None)``;
     - ``"deepspeed"``: ``deepspeed.initialize`` on the scheduled model with ``config=`` (a
       dict or a JSON path) and, optionally, ``optimizer=``: ``(engine, optimizer)``
-      (``slapo.engines``); any target a ``"runtime_engine"`` dialect is registered for
-      (``slapo.framework_dialect``) runs the same way;
+      (``slapo.engines``); under ZeRO-3 the compiled regions become ZeRO-3 leaf modules, and
+      with ``zero3_layer_leaves=True`` the transformer layers too; any target a
+      ``"runtime_engine"`` dialect is registered for (``slapo.framework_dialect``) runs the
+      same way;
     - ``"pipeline"`` (after ``trace`` and ``cut_pipeline_stage``): this rank's stage on
       ``torch.distributed.pipelining``, ``(slapo.pipeline.PipelineBuild, None)``; ``kwargs`` go
       to ``slapo.pipeline.build_pipeline`` (``n_microbatches``, ``loss_fn``,

@@ -329,10 +329,25 @@ def test_compiled_regions_train_under_zero3_as_leaf_modules():
         assert hooked[rank][0] == pytest.approx(eager[rank][0], rel=1e-6, abs=1e-7)
 
 
-def _zero3_schedule(model_name: str, compiled: bool):
+def test_transformer_layers_can_be_zero3_leaves_but_embeddings_cannot():
+    from slapo.engines import layer_regions, with_zero3_leaves, zero3_leaves
+    from slapo_ae.zoo import build_model
+
+    model = build_model("bert-tiny")
+    layers = ["bert.encoder.layer.0", "bert.encoder.layer.1"]
+    assert layer_regions(model) == ["bert.embeddings", *layers]  # HF's _no_split_modules
+    assert zero3_leaves(model) == ([], {})  # nothing compiled
+    leaves, refused = zero3_leaves(model, layers=True)
+    assert leaves == layers and list(refused) == ["bert.embeddings"]
+    assert with_zero3_leaves(model, ZERO3, layers=True)["zero_optimization"]["leaf_module"] == {
+        "names": layers}
+    assert layer_regions(nn.Sequential(Block())) == []  # not a transformers model
+
+
+def _zero3_schedule(model_name: str, compiled: bool, layer_leaves: bool = False):
     """Three ZeRO-3 steps of a tiny model under its kernel schedule on one rank's slice of a
-    batch, its layers compiled (Inductor on CPU, the CUDA path) or not; returns the losses
-    and the leaf modules."""
+    batch, its layers compiled (Inductor on CPU, the CUDA path) or not, its layers ZeRO-3
+    leaf modules or not; returns the losses and the leaf modules."""
     from slapo.model_schedule import schedule_model
     from slapo_ae.harness.systems.deepspeed_zero3 import quiet_deepspeed
     from slapo_ae.zoo import build_model, no_dropout, synthetic_batch
@@ -347,10 +362,10 @@ def _zero3_schedule(model_name: str, compiled: bool):
                    compile_layers=compiled)
     optimizer = torch.optim.SGD(sch.mod.parameters(), lr=0.1)
     engine, _ = slapo.build(sch, target="deepspeed", init_weights=False, config=ZERO3,
-                            optimizer=optimizer)
+                            optimizer=optimizer, zero3_layer_leaves=layer_leaves)
     losses = []
     for step in range(3):
-        batch = synthetic_batch(model.config, 2, 16, seed=10 * step + dist.get_rank())
+        batch = synthetic_batch(model.config, 2, 16, 8, seed=10 * step + dist.get_rank())
         loss = engine(**batch).loss
         engine.backward(loss)
         engine.step()
@@ -378,3 +393,21 @@ def test_kernel_schedules_with_compiled_layers_train_under_zero3(model_name):
     for rank in range(2):
         assert eager[rank][1] == [] and compiled[rank][1] == layers
         assert compiled[rank][0] == pytest.approx(eager[rank][0], rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_name", ["bert-tiny", "llama-tiny", "t5-tiny"])
+def test_uncompiled_layers_as_zero3_leaves_train_as_without(model_name):
+    """Slapo-ZeRO3 makes each transformer layer a ZeRO-3 leaf module, compiled or not (one
+    gather a layer): the losses are those of ZeRO-3's hooks on every module, to 1e-6, half
+    of the layers checkpointed. T5's first block holds the relative position embedding, and
+    stays no leaf."""
+    hooked = run_ranks(_zero3_schedule, model_name, False)
+    leaves = run_ranks(_zero3_schedule, model_name, False, True)
+    blocks = {"bert-tiny": [f"bert.encoder.layer.{i}" for i in range(2)],
+              "llama-tiny": [f"model.layers.{i}" for i in range(2)],
+              "t5-tiny": ["encoder.block.1", "decoder.block.1"]}[model_name]
+    for rank in range(2):
+        assert hooked[rank][1] == [] and leaves[rank][1] == blocks
+        assert leaves[rank][0] == pytest.approx(hooked[rank][0], rel=1e-6)
+        assert leaves[rank][0][0] != leaves[rank][0][2]

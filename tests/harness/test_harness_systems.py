@@ -102,6 +102,11 @@ def test_notes_say_what_differs(records):
     assert any("local (windowed) attention" in n for n in gpt)
     assert not any("fusions" in n for n in gpt)  # megatron-core's fusions are CUDA's
     assert any("gradient checkpointing" in n for n in records["deepspeed"].metrics.extra["notes"])
+    # Slapo-ZeRO3: ZeRO-3 gathers each of bert-tiny's 2 layers at once, not its embeddings
+    zero3 = records["slapo-deepspeed"].metrics.extra["notes"]
+    assert any(n.startswith("ZeRO-3 leaf modules: 2, the transformer layers") for n in zero3)
+    assert any(n.startswith("no ZeRO-3 leaf: bert.embeddings: it holds an embedding")
+               for n in zero3), zero3
     # the CPU's kernel choices, layers uncompiled, are in the record
     slapo = records["slapo-megatron"].metrics.extra["notes"]
     assert any(n.startswith("Slapo kernels on cpu:") and "layers: eager (compiling is off on "

@@ -2,7 +2,8 @@
 case's checkpoint ratio, no tensor parallelism), handed to DeepSpeed ZeRO-3 by
 ``slapo.build(sch, target="deepspeed")`` with the configuration of ``deepspeed``. On CUDA
 the schedule compiles each layer, as Slapo-TP's does, and the build makes each compiled layer
-a ZeRO-3 leaf module (``slapo.engines.with_zero3_leaves``); with a torch older than
+a ZeRO-3 leaf module (``slapo.engines.with_zero3_leaves``), as every transformer layer is,
+compiled or not, so that ZeRO-3 gathers a layer's parameters at once; with a torch older than
 ``slapo.engines.ZERO3_COMPILE_MIN_TORCH`` it compiles nothing (the reason is in the record)."""
 from __future__ import annotations
 
@@ -38,13 +39,13 @@ class SlapoZero3System(DeepSpeedZero3System):
         import slapo
         from slapo.engines import zero3_leaves
 
-        leaves, refused = zero3_leaves(self.schedule.mod)
+        leaves, refused = zero3_leaves(self.schedule.mod, layers=True)
         if leaves:
-            self.notes.append(f"ZeRO-3 leaf modules: {len(leaves)} compiled regions of the "
-                              "schedule (slapo.engines.with_zero3_leaves), each gathering its "
-                              "parameters once, before its compiled forward")
+            self.notes.append(f"ZeRO-3 leaf modules: {len(leaves)}, the transformer layers "
+                              "and compiled regions (slapo.engines.with_zero3_leaves): each "
+                              "gathers its parameters at once, its modules add no hooks")
         for name, why in refused.items():
-            self.notes.append(f"compiled region {name} is no ZeRO-3 leaf: {why}")
+            self.notes.append(f"no ZeRO-3 leaf: {name}: {why}")
         engine, _ = slapo.build(self.schedule, target="deepspeed", init_weights=False,
-                                config=config, optimizer=optimizer)
+                                config=config, optimizer=optimizer, zero3_layer_leaves=True)
         return engine
