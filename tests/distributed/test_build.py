@@ -290,7 +290,7 @@ def _zero3_train(compiled: bool, leaves: bool):
             sch[name].compile(backend=counting(name))
     sch["1"].checkpoint()
     if not leaves:  # what the build did before: ZeRO-3's hooks on every module
-        slapo.engines.with_zero3_leaves = lambda model, config: config
+        slapo.engines.with_zero3_leaves = lambda model, config, layers=False: config
     optimizer = torch.optim.SGD(sch.mod.parameters(), lr=0.1)
     engine, _ = slapo.build(sch, target="deepspeed", init_weights=False, config=ZERO3,
                             optimizer=optimizer)
