@@ -3,14 +3,9 @@ kernels, then Megatron-style tensor parallelism, then activation checkpointing."
 
 from __future__ import annotations
 
-import torch.nn.functional as F
-
-from ..op import compiled_loss, kernel_compiler, use_device_dropout, use_sdpa, vocab_parallel_loss
+from ..op import compiled_loss, use_device_dropout, use_sdpa, vocab_parallel_loss
 from . import checkpoint_layers
-
-
-def bias_gelu(x, bias):
-    return F.gelu(x + bias)
+from .common import fuse_bias_gelu
 
 
 def schedule(sch, opts) -> None:
@@ -24,13 +19,8 @@ def schedule(sch, opts) -> None:
                 layer.compile()
             sch["cls.predictions.transform"].compile()
             compiled_loss(sch, "masked")
-        elif opts.device == "cpu" or kernel_compiler(opts.device):  # else cuBLAS adds the bias
-            for layer in layers:
-                ffn = layer["intermediate"]
-                ffn.trace(flatten=True)
-                ffn["dense"].decompose()
-                ffn.fuse(ffn.find(bias_gelu)[0], compiler=kernel_compiler(opts.device),
-                         name="bias_gelu")
+        else:
+            fuse_bias_gelu(layers, opts.device)  # FFN bias add and GeLU fused
     if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
             attn = layer["attention"]

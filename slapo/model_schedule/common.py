@@ -6,7 +6,8 @@ installers, the vocabulary-parallel loss) is library code in ``slapo.op``.
 - ``shard_batchnorm``: a BatchNorm over sharded channels (parameters and running statistics);
 - ``all_reduce_output_grad``: one backward all-reduce on an output that column-parallel
   projections elsewhere read (T5's encoder output);
-- ``sdpa_gpt_neo``: GPT-Neo's attention core on ``slapo.op.CoreAttention`` (SDPA).
+- ``sdpa_gpt_neo``: GPT-Neo's attention core on ``slapo.op.CoreAttention`` (SDPA);
+- ``fuse_bias_gelu``: BERT's and RoBERTa's FFN bias add and GeLU fused (the static-graph path).
 
 Apply kernel replacements (``slapo.op.use_sdpa``, ``use_device_dropout``, ``sdpa_gpt_neo``,
 trace/fuse) before sharding and before ``fork_rng``/``checkpoint``: ``replace`` installs a new
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import types
 
-from ..op import CoreAttention
+import torch.nn.functional as F
+
+from ..op import CoreAttention, kernel_compiler
 from ..sharding import all_reduce_backward
 
 
@@ -56,3 +59,23 @@ def all_reduce_output_grad(node) -> None:
     decoder's cross-attention keys and values), one all-reduce replaces one per consumer."""
     group = node.group
     node.sync("fwd_post", lambda out: all_reduce_backward(out, group))
+
+
+def _bias_gelu(x, bias):  # the pattern ``find`` looks for in the traced FFN
+    return F.gelu(x + bias)
+
+
+def fuse_bias_gelu(layers, device: str) -> None:
+    """Fuse the bias add and GeLU of each layer's FFN (``intermediate``: trace it, decompose
+    its Linear, ``find`` the pattern and ``fuse`` it), compiled with
+    ``slapo.op.kernel_compiler(device)``: Inductor on CUDA, uncompiled on CPU. On CUDA with
+    nothing to compile it (``SLAPO_COMPILE_KERNELS=0``) nothing is rewritten: the Linear keeps
+    its bias in cuBLAS's epilogue, where an uncompiled fusion would only add a kernel."""
+    compiler = kernel_compiler(device)
+    if device != "cpu" and compiler is None:
+        return
+    for layer in layers:
+        ffn = layer["intermediate"]
+        ffn.trace(flatten=True)
+        ffn["dense"].decompose()
+        ffn.fuse(ffn.find(_bias_gelu)[0], compiler=compiler, name="bias_gelu")
