@@ -69,8 +69,9 @@ def auto_profile(gpus: int) -> str:
 def resolve(config: dict, env: dict | None = None) -> dict:
     """The settings of the active profile, completed: ``{"name", "gpus_available", "device",
     "dtype", "steps", "warmup", "timeout", "max_gpus", "gpus_per_node", "recheck_budget_s",
-    "experiments": {exp: [cfg, ...]}}`` (``gpus_per_node`` None: every case on one node;
-    ``recheck_budget_s`` None: the recheck has no time limit).
+    "time_target_s", "time_reserved_s", "experiments": {exp: [cfg, ...]}}`` (``gpus_per_node``
+    None: every case on one node; ``recheck_budget_s`` and ``time_target_s`` None: the recheck
+    has no time limit of that kind).
 
     ``config["gpus"]``: ``"auto"`` (detect) or a number; ``config["profile"]``: ``"auto"`` or
     a key of ``config["profiles"]``.
@@ -92,6 +93,8 @@ def resolve(config: dict, env: dict | None = None) -> dict:
     settings.setdefault("max_gpus", max(count, 1))
     settings.setdefault("gpus_per_node", None)
     settings.setdefault("recheck_budget_s", None)
+    settings.setdefault("time_target_s", None)
+    settings.setdefault("time_reserved_s", None)
     settings["experiments"] = {exp: list(settings.get("experiments", {}).get(exp, []))
                                for exp in EXPERIMENTS}
     return settings

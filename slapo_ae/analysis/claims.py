@@ -468,6 +468,13 @@ def _when(value) -> _dt.datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=_dt.UTC)
 
 
+def run_seconds(row) -> float | None:
+    """Wall seconds of the run behind an aggregate row (its record's start to its end), None
+    where it has no times (a case that did not run)."""
+    start, end = _when(row.get("started_at")), _when(row.get("finished_at"))
+    return (end - start).total_seconds() if start and end else None
+
+
 def run_facts(rows, recheck: dict | None = None) -> dict:
     """Where and when the records were measured, as they say themselves (each record's
     ``env`` and times): the commits, GPU and CPU models, cores and hosts, and the span from

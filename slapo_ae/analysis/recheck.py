@@ -28,10 +28,15 @@ minutes apart put Slapo-ZeRO3 at 0.66x of ZeRO-3 by a margin above 1.25 where fo
 to back gave 0.89x to 1.34x (docs/workflow.md). A run has none to a few such points.
 
 ``--budget-s`` bounds the time the others take: none is started once that many seconds have
-passed since the recheck began (the trailing points' runs count), and those left are marked as
-past the limit. The number of close calls changes from run to run (7 and 12 in two runs of the
-cpu profile on 2026-12-03, whose rechecks took 169 and 385 s), so a count alone does not keep
-the run's time.
+passed since the recheck began (the trailing points' runs count), nor one whose runs would end
+past them (its cases' own run times, the repeat included, foretell its cost), and those left
+are marked as past the limit. The number of close calls changes from run to run (7 and 12 in
+two runs of the cpu profile on 2026-12-03, whose rechecks took 169 and 385 s), so a count alone
+does not keep the run's time. With ``--time-target-s`` the budget is also at most what the
+workflow's time target leaves after the cases' runs (the rows' start-to-end seconds) and
+``--reserved-s`` for its other steps: the same machine ran the same cases of the cpu profile in
+5.8 to 7.1 minutes on different days, so a fixed budget either wastes the quick days or
+overruns the slow ones.
 
     python -m slapo_ae.analysis.recheck --e2e results/e2e.csv --ablation results/ablation.csv \\
         --out results/recheck.json --runs results/recheck --steps 24 --warmup 4
@@ -54,6 +59,7 @@ from slapo_ae.analysis.claims import (
     margin,
     pair_key,
     read_table,
+    run_seconds,
     table_rows,
 )
 from slapo_ae.analysis.gaps import target_points
@@ -110,6 +116,27 @@ def trailing_calls(e2e, ablation) -> list[tuple[dict, dict, str, float]]:
     return sorted(trailing, key=lambda c: c[3])
 
 
+def time_budget(e2e, ablation, budget_s: float | None, target_s: float | None,
+                reserved_s: float = 0.0) -> tuple[float | None, dict]:
+    """The recheck's budget: ``budget_s``, and with a time target ``target_s`` at most what it
+    leaves after the cases' runs in ``e2e`` and ``ablation`` and ``reserved_s`` (never below
+    0), with what it was computed from."""
+    if target_s is None:
+        return budget_s, {"budget_s": budget_s}
+    cases_s = sum(run_seconds(r) or 0.0 for r in table_rows(e2e) + table_rows(ablation))
+    left = max(0.0, target_s - cases_s - reserved_s)
+    budget = left if budget_s is None else min(budget_s, left)
+    return budget, {"budget_s": budget_s, "target_s": target_s, "cases_s": round(cases_s, 1),
+                    "reserved_s": reserved_s, "left_s": round(left, 1)}
+
+
+def expected_seconds(a: dict, b: dict) -> float:
+    """What measuring ``a`` against ``b`` again should cost: both cases and the repeat of
+    one, at the cases' own run times (0 for a case without times)."""
+    walls = [run_seconds(a) or 0.0, run_seconds(b) or 0.0]
+    return sum(walls) + max(walls)
+
+
 def measured_row(record) -> dict:
     """The fields of a rerun's record that the noise rule reads (as an aggregate row has
     them)."""
@@ -125,10 +152,12 @@ def measured_row(record) -> dict:
 def recheck(e2e, ablation, runs: Path, steps: int, warmup: int, device: str = "cpu",
             dtype: str = "fp32", below: float = DRIFT, most: int = MAX_RECHECKS,
             harness: str = DEFAULT_HARNESS, budget_s: float | None = None,
+            target_s: float | None = None, reserved_s: float = 0.0,
             clock=time.monotonic) -> dict:
     """Measure again the points where Slapo trails, then the closest ``most`` of the other
-    close calls, each of those only while ``budget_s`` seconds (from the start, the trailing
-    points' runs included) are not spent."""
+    close calls, each of those only if it should end within the budget (seconds from the
+    start, the trailing points' runs included; :func:`time_budget`)."""
+    budget, basis = time_budget(e2e, ablation, budget_s, target_s, reserved_s)
     close = close_calls(comparisons(e2e, ablation), below)
     trailing = trailing_calls(e2e, ablation)
     behind = {pair_key(a, b) for a, b, _, _ in trailing}
@@ -140,8 +169,11 @@ def recheck(e2e, ablation, runs: Path, steps: int, warmup: int, device: str = "c
             why = None
             if i - len(trailing) >= most:
                 why = f"only the {most} closest of {len(others)} are measured (--max)"
-            elif budget_s is not None and clock() - started >= budget_s:
-                why = f"the recheck's {budget_s:g} s (--budget-s) were spent"
+            elif budget is not None and clock() - started >= budget:
+                why = f"the recheck's {budget:.0f} s{_source(basis)} were spent"
+            elif budget is not None and clock() - started + expected_seconds(a, b) > budget:
+                why = (f"its runs (about {expected_seconds(a, b):.0f} s) would end past the "
+                       f"recheck's {budget:.0f} s{_source(basis)}")
             if why:
                 skipped.append(pair_key(a, b))
                 measured[pair_key(a, b)] = {
@@ -157,8 +189,17 @@ def recheck(e2e, ablation, runs: Path, steps: int, warmup: int, device: str = "c
             "close": len(close), "trailing": len(trailing),
             "measured": len(measured) - len(skipped),
             "repeated": sum("repeat" in entry for entry in measured.values()),
-            "budget_s": budget_s, "seconds": round(clock() - started, 1),
+            "budget_s": budget, "budget": basis, "seconds": round(clock() - started, 1),
             "not_measured": skipped, "comparisons": measured}
+
+
+def _source(basis: dict) -> str:
+    """Where the budget came from, for a skipped comparison's reason."""
+    if basis.get("target_s") is None or (basis["budget_s"] is not None
+                                         and basis["budget_s"] <= basis["left_s"]):
+        return " (--budget-s)"
+    return (f" (the time target's {basis['target_s']:g} s less {basis['cases_s']:.0f} s of "
+            f"case runs and {basis['reserved_s']:g} s reserved)")
 
 
 def _measure(a, b, decided, m, i, runs, steps, warmup, device, dtype, harness) -> dict:
@@ -199,13 +240,18 @@ def main(argv=None) -> int:
                         help="at most this many comparisons where Slapo is not behind, "
                              "the closest first")
     parser.add_argument("--budget-s", type=float, default=None,
-                        help="start no comparison where Slapo is not behind after this many "
-                             "seconds (default: no limit)")
+                        help="start no comparison where Slapo is not behind that would end "
+                             "after this many seconds (default: no limit)")
+    parser.add_argument("--time-target-s", type=float, default=None,
+                        help="the workflow's time target: the budget is at most what it leaves "
+                             "after the cases' runs and --reserved-s")
+    parser.add_argument("--reserved-s", type=float, default=0.0,
+                        help="seconds of the time target kept for the workflow's other steps")
     parser.add_argument("--harness", default=DEFAULT_HARNESS, help="the harness CLI")
     args = parser.parse_args(argv)
     result = recheck(read_table(args.e2e), read_table(args.ablation), Path(args.runs),
                      args.steps, args.warmup, args.device, args.dtype, args.below, args.most,
-                     args.harness, args.budget_s)
+                     args.harness, args.budget_s, args.time_target_s, args.reserved_s)
     write_text(args.out, json.dumps(result, indent=2, default=str) + "\n")
     return 0
 

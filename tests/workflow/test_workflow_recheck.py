@@ -177,6 +177,55 @@ def test_no_close_call_starts_once_the_budget_is_spent_but_a_trailing_point_alwa
     assert result["measured"] == 3 and result["not_measured"] == []
 
 
+def timed(rows, seconds):
+    """``rows`` with start and end times ``seconds`` apart, as the aggregate tables have them."""
+    return [{**r, "started_at": "2026-12-04T21:36:44+00:00",
+             "finished_at": f"2026-12-04T21:{36 + (44 + seconds) // 60}:{(44 + seconds) % 60:02d}"
+                            "+00:00"} for r in rows]
+
+
+def test_the_time_target_leaves_the_recheck_what_the_cases_runs_and_the_reserve_do_not_take():
+    e2e, ablation = pd.DataFrame(timed(E2E, 10)), pd.DataFrame(timed(ABLATION, 5))
+    assert claims.run_seconds(timed(E2E, 10)[0]) == 10.0
+    assert claims.run_seconds(E2E[0]) is None  # no times: a case that did not run
+    # 8 x 10 s + 4 x 5 s of case runs
+    budget, basis = recheck.time_budget(e2e, ablation, 180, 300, 100)
+    assert budget == 100 and basis == {"budget_s": 180, "target_s": 300, "cases_s": 100.0,
+                                       "reserved_s": 100, "left_s": 100.0}
+    assert recheck.time_budget(e2e, ablation, 60, 300, 100)[0] == 60  # the cap holds
+    assert recheck.time_budget(e2e, ablation, None, 300, 100)[0] == 100
+    assert recheck.time_budget(e2e, ablation, None, 150, 100)[0] == 0  # never below 0
+    assert recheck.time_budget(e2e, ablation, 180, None)[0] == 180  # no target: the cap alone
+
+
+def test_no_close_call_starts_that_its_cases_run_times_say_would_end_past_the_budget(
+        monkeypatch, tmp_path):
+    calls, now = [], [0.0]
+
+    def run_again(fields, out_dir, *args):  # each case run takes 10 s, as its row says
+        now[0] += 10
+        return fake_runs({"eager": 90, "slapo-kernel": 91, "megatron": 80,
+                          "slapo-megatron": 70, "deepspeed": 40, "slapo-deepspeed": 47},
+                         calls)(fields, out_dir, *args)
+    monkeypatch.setattr(recheck, "run_again", run_again)
+    e2e, ablation = pd.DataFrame(timed(E2E, 10)), pd.DataFrame(timed(ABLATION, 10))
+    # 120 s of cases and 60 reserved leave 55 s of the 235: the trailing points take 50 s
+    # (2 + 3 runs); the close call would take 30 s more, so it does not start
+    result = recheck.recheck(e2e, ablation, tmp_path, steps=24, warmup=4, budget_s=180,
+                             target_s=235, reserved_s=60, clock=lambda: now[0])
+    assert len(calls) == 5 and result["seconds"] == 50 and result["budget_s"] == 55
+    key = "deepspeed__bert-tiny__g2 vs slapo-deepspeed__bert-tiny__g2"
+    assert result["not_measured"] == [key]
+    assert result["comparisons"][key]["skipped"] == (
+        "its runs (about 30 s) would end past the recheck's 55 s (the time target's 235 s "
+        "less 120 s of case runs and 60 s reserved)")
+    assert result["budget"]["cases_s"] == 120.0
+    calls.clear()
+    result = recheck.recheck(e2e, ablation, tmp_path, steps=24, warmup=4, budget_s=180,
+                             target_s=265, reserved_s=60, clock=lambda: now[0])
+    assert result["measured"] == 3 and len(calls) == 8  # 85 s left: it fits
+
+
 def test_a_close_comparison_past_the_limit_keeps_its_verdict_and_says_it_was_not_rerun(
         monkeypatch, tmp_path):
     monkeypatch.setattr(recheck, "run_again", fake_runs(

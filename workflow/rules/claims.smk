@@ -18,8 +18,11 @@ rule recheck:
         warmup=PROFILE["warmup"],
         below=config["claims"]["recheck_below"],
         most=config["claims"]["max_rechecks"],
-        budget=(f"--budget-s {PROFILE['recheck_budget_s']}"
-                if PROFILE["recheck_budget_s"] else ""),
+        budget=" ".join(
+            f"--{flag} {PROFILE[key]}" for flag, key in (
+                ("budget-s", "recheck_budget_s"), ("time-target-s", "time_target_s"),
+                ("reserved-s", "time_reserved_s"))
+            if PROFILE[key] is not None),
         harness=config["harness"],
     # it reruns cases: it holds the machine as a case does
     threads: all_cores
