@@ -209,21 +209,27 @@ def test_no_close_call_starts_that_its_cases_run_times_say_would_end_past_the_bu
                          calls)(fields, out_dir, *args)
     monkeypatch.setattr(recheck, "run_again", run_again)
     e2e, ablation = pd.DataFrame(timed(E2E, 10)), pd.DataFrame(timed(ABLATION, 10))
-    # 120 s of cases and 60 reserved leave 55 s of the 235: the trailing points take 50 s
-    # (2 + 3 runs); the close call would take 30 s more, so it does not start
+    # 120 s of case runs and 60 reserved leave 85 s of the 265. The trailing points take 50 s
+    # (2 + 3 runs); Slapo-TP stays behind Megatron-LM, so rule gaps will profile both, 20 s
+    # more; the close call would take 30 s more still, so it does not start
     result = recheck.recheck(e2e, ablation, tmp_path, steps=24, warmup=4, budget_s=180,
-                             target_s=235, reserved_s=60, clock=lambda: now[0])
-    assert len(calls) == 5 and result["seconds"] == 50 and result["budget_s"] == 55
+                             target_s=265, reserved_s=60, clock=lambda: now[0])
+    assert len(calls) == 5 and result["seconds"] == 50 and result["budget_s"] == 85
+    assert result["profiles_expected_s"] == 20
     key = "deepspeed__bert-tiny__g2 vs slapo-deepspeed__bert-tiny__g2"
     assert result["not_measured"] == [key]
     assert result["comparisons"][key]["skipped"] == (
-        "its runs (about 30 s) would end past the recheck's 55 s (the time target's 235 s "
+        "its runs (about 30 s) would end past the recheck's 85 s (the time target's 265 s "
         "less 120 s of case runs and 60 s reserved)")
     assert result["budget"]["cases_s"] == 120.0
     calls.clear()
     result = recheck.recheck(e2e, ablation, tmp_path, steps=24, warmup=4, budget_s=180,
-                             target_s=265, reserved_s=60, clock=lambda: now[0])
-    assert result["measured"] == 3 and len(calls) == 8  # 85 s left: it fits
+                             target_s=285, reserved_s=60, clock=lambda: now[0])
+    assert result["measured"] == 3 and len(calls) == 8  # 105 s left: it fits
+    calls.clear()
+    result = recheck.recheck(e2e, ablation, tmp_path, steps=24, warmup=4, budget_s=60,
+                             target_s=285, reserved_s=60, clock=lambda: now[0])
+    assert result["comparisons"][key]["skipped"] == "the recheck's 60 s (--budget-s) were spent"
 
 
 def test_a_close_comparison_past_the_limit_keeps_its_verdict_and_says_it_was_not_rerun(
