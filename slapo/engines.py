@@ -101,25 +101,28 @@ def with_zero3_leaves(model: nn.Module, config: dict, layers: bool = False) -> d
     return config
 
 
-# The torch from which compiled regions under ZeRO-3 were measured to train as the eager model
-# does (DeepSpeed 0.19.8, 2 CPU ranks: tests/distributed/test_build.py). With torch 2.11 a
-# compiled region fed by an embedding got wrong gradients from the second step on, by 1e-3,
-# leaf module or not, with Dynamo's graph run eagerly: not Inductor's doing; bert-tiny's
-# compiled schedule lost 0.6% of its loss's value by the third step.
-ZERO3_COMPILE_MIN_TORCH = (2, 13)
+def with_torch_linear(model: nn.Module, config: dict) -> dict:
+    """``config`` with DeepSpeed's memory-efficient linear off when ``model`` has compiled
+    regions and the config asks for ZeRO stage 3 (else ``config`` as it is).
 
-
-def zero3_compile_problem() -> str | None:
-    """Why compiled regions should not train under ZeRO-3 with this torch, or None."""
-    import torch
-
-    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    if version >= ZERO3_COMPILE_MIN_TORCH:
-        return None
-    wanted = ".".join(map(str, ZERO3_COMPILE_MIN_TORCH))
-    return (f"torch {torch.__version__} trained compiled regions under ZeRO-3 with wrong "
-            f"gradients from the second step on (measured with torch 2.11; right from torch "
-            f"{wanted})")
+    Under ZeRO-3 DeepSpeed replaces ``torch.nn.functional.linear``, for the whole process,
+    with its own autograd Function (``zero_optimization.memory_efficient_linear``, on by
+    default). Dynamo of torch 2.11 traces that Function into a compiled region so that the
+    region's Linear weights and biases get no gradient at all (zeros from the first step;
+    DeepSpeed 0.19.8, CPU; torch 2.13 traces it right). DeepSpeed's own compiler puts torch's
+    linear back too (``deepspeed/compile/init_z3.py``). A config that turns it on itself is
+    kept, with a warning."""
+    zero = config.get("zero_optimization") or {}
+    if zero.get("stage") != 3 or not compiled_regions(model):
+        return config
+    if zero.get("memory_efficient_linear") is True:
+        warnings.warn("zero_optimization.memory_efficient_linear is on with compiled regions: "
+                      "with torch 2.11 their Linear layers got no gradients under it",
+                      stacklevel=3)
+        return config
+    config = copy.deepcopy(config)
+    config["zero_optimization"]["memory_efficient_linear"] = False
+    return config
 
 
 def deepspeed_engine(model: nn.Module, config=None, optimizer=None,
@@ -130,7 +133,7 @@ def deepspeed_engine(model: nn.Module, config=None, optimizer=None,
     the engine is called and stepped as DeepSpeed's (``engine(**batch)``,
     ``engine.backward(loss)``, ``engine.step()``). Under ZeRO-3 the schedule's compiled
     regions become leaf modules, and with ``zero3_layer_leaves`` the transformer layers too
-    (:func:`with_zero3_leaves`)."""
+    (:func:`with_zero3_leaves`), and they run torch's own linear (:func:`with_torch_linear`)."""
     if config is None:
         raise ValueError("build(target='deepspeed') needs config=, DeepSpeed's configuration "
                          "(a dict or the path of a JSON file)")
@@ -138,11 +141,8 @@ def deepspeed_engine(model: nn.Module, config=None, optimizer=None,
 
     if not isinstance(config, dict):
         config = json.loads(Path(config).read_text())
-    config = with_zero3_leaves(model, config, layers=zero3_layer_leaves)
-    problem = zero3_compile_problem()
-    if problem and compiled_regions(model) and \
-            (config.get("zero_optimization") or {}).get("stage") == 3:
-        warnings.warn(f"compiled regions under ZeRO-3: {problem}", stacklevel=3)
+    config = with_torch_linear(model, with_zero3_leaves(model, config,
+                                                        layers=zero3_layer_leaves))
 
     params = [p for p in model.parameters() if p.requires_grad] if optimizer is None else None
     engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config,

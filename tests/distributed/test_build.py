@@ -243,26 +243,33 @@ def test_zero3_leaves_are_the_compiled_regions_that_can_be_leaves():
     assert with_zero3_leaves(plain, ZERO3) is ZERO3  # nothing compiled
 
 
-def test_the_build_warns_of_compiled_regions_under_zero3_with_an_older_torch(monkeypatch):
-    """With torch 2.11 compiled regions trained wrong under ZeRO-3: the build hands the
-    config on (DeepSpeed itself stubbed here) and warns."""
+def test_the_build_keeps_torch_linear_in_compiled_regions_under_zero3(monkeypatch):
+    """DeepSpeed's memory-efficient linear, which ZeRO-3 puts in place of torch's, left the
+    Linear layers of compiled regions without gradients with torch 2.11: the build turns it
+    off where the model has compiled regions, and warns where the config turns it on itself
+    (DeepSpeed itself stubbed here)."""
     import deepspeed
 
-    from slapo.engines import deepspeed_engine
+    from slapo.engines import deepspeed_engine, with_torch_linear
 
     handed = []
     monkeypatch.setattr(deepspeed, "initialize", lambda **kw: (handed.append(kw["config"]) or
                                                               ("engine", "opt", None, None)))
     sch = slapo.create_schedule(nn.Sequential(Block()))
+    assert with_torch_linear(sch.mod, ZERO3) is ZERO3  # nothing compiled
     sch["0"].compile()
-    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
-    with pytest.warns(UserWarning, match="compiled regions under ZeRO-3: torch 2.11.0"):
-        assert deepspeed_engine(sch.mod, config=ZERO3) == ("engine", "opt")
-    assert handed[0]["zero_optimization"]["leaf_module"] == {"names": ["0"]}
-    monkeypatch.setattr(torch, "__version__", "2.13.0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        deepspeed_engine(sch.mod, config=ZERO3)
+        assert deepspeed_engine(sch.mod, config=ZERO3) == ("engine", "opt")
+    assert handed[0]["zero_optimization"]["memory_efficient_linear"] is False
+    assert handed[0]["zero_optimization"]["leaf_module"] == {"names": ["0"]}
+    assert "memory_efficient_linear" not in ZERO3["zero_optimization"]  # not changed
+    stage2 = {"zero_optimization": {"stage": 2}}
+    assert with_torch_linear(sch.mod, stage2) is stage2
+    own = {"zero_optimization": {"stage": 3, "memory_efficient_linear": True}}
+    with pytest.warns(UserWarning, match="memory_efficient_linear is on with compiled regions"):
+        deepspeed_engine(sch.mod, config=own)
+    assert handed[1]["zero_optimization"]["memory_efficient_linear"] is True
 
 
 def _zero3_train(compiled: bool, leaves: bool):
@@ -310,12 +317,9 @@ def test_compiled_regions_train_under_zero3_as_leaf_modules():
     """Under ZeRO-3 each compiled block is a leaf module: one graph per block (ZeRO-3's hooks
     run around it, not inside), and the losses of the uncompiled schedule, checkpoint
     included. The embedding's region keeps ZeRO-3's hooks, and trains right too. Without the
-    leaves Dynamo meets the hooks inside the blocks. (With torch 2.11 the compiled blocks'
-    losses were off from the third step: slapo.engines.ZERO3_COMPILE_MIN_TORCH.)"""
-    from slapo.engines import zero3_compile_problem
-
-    if zero3_compile_problem():
-        pytest.skip(zero3_compile_problem())
+    leaves Dynamo meets the hooks inside the blocks. (With DeepSpeed's memory-efficient linear
+    in the blocks, torch 2.11 gave their Linear layers no gradients and the losses were off
+    from the second step: slapo.engines.with_torch_linear.)"""
     eager = run_ranks(_zero3_train, False, True)
     compiled = run_ranks(_zero3_train, True, True)
     hooked = run_ranks(_zero3_train, True, False)
@@ -381,10 +385,6 @@ def test_kernel_schedules_with_compiled_layers_train_under_zero3(model_name):
     them checkpointed), its compiled loss and, for BERT, its MLM head transform, as ZeRO-3
     leaf modules, give the losses of the uncompiled schedule to 1e-4 (Inductor reassociates
     fp32 sums)."""
-    from slapo.engines import zero3_compile_problem
-
-    if zero3_compile_problem():
-        pytest.skip(zero3_compile_problem())
     eager = run_ranks(_zero3_schedule, model_name, False)
     compiled = run_ranks(_zero3_schedule, model_name, True)
     layers = {"bert-tiny": ["bert.encoder.layer.0", "bert.encoder.layer.1",

@@ -3,12 +3,12 @@ case's checkpoint ratio, no tensor parallelism), handed to DeepSpeed ZeRO-3 by
 ``slapo.build(sch, target="deepspeed")`` with the configuration of ``deepspeed``. On CUDA
 the schedule compiles each layer, as Slapo-TP's does, and the build makes each compiled layer
 a ZeRO-3 leaf module (``slapo.engines.with_zero3_leaves``), as every transformer layer is,
-compiled or not, so that ZeRO-3 gathers a layer's parameters at once; with a torch older than
-``slapo.engines.ZERO3_COMPILE_MIN_TORCH`` it compiles nothing (the reason is in the record)."""
+compiled or not, so that ZeRO-3 gathers a layer's parameters at once, and keeps torch's own
+linear in them (``slapo.engines.with_torch_linear``: DeepSpeed's memory-efficient one left
+compiled Linear layers without gradients with torch 2.11)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
@@ -21,24 +21,19 @@ class SlapoZero3System(DeepSpeedZero3System):
     description = "HF model + Slapo schedule (kernels, checkpoint ratio) on DeepSpeed ZeRO-3"
 
     def build(self):
-        from slapo.engines import zero3_compile_problem
-        from slapo.op.gelu import ENV_COMPILE
-
         on_cpu = dataclasses.replace(self.ctx, device=torch.device("cpu"))  # DeepSpeed moves it
-        problem = zero3_compile_problem() if self.ctx.device.type == "cuda" else None
-        if problem:  # nothing compiled: the layers stay eager, and so does every fused kernel
-            os.environ[ENV_COMPILE] = "0"
-            self.notes.append(f"Slapo-ZeRO3 compiles nothing: {problem}")
         self.schedule = schedule(self.spec, on_cpu, self.notes, trains_on=self.ctx.device,
-                                 tensor_parallel=False, shard_embedding=False, kernel_opt=True,
-                                 compile_layers=False if problem else None)
+                                 tensor_parallel=False, shard_embedding=False, kernel_opt=True)
         return self.schedule.mod
 
     def initialize(self, optimizer, config: dict):
         """DeepSpeed's engine through Slapo's own build (the weights are the zoo model's)."""
         import slapo
-        from slapo.engines import zero3_leaves
+        from slapo.engines import compiled_regions, zero3_leaves
 
+        if compiled_regions(self.schedule.mod):
+            self.notes.append("ZeRO-3 memory-efficient linear off: compiled regions run "
+                              "torch's linear (slapo.engines.with_torch_linear)")
         leaves, refused = zero3_leaves(self.schedule.mod, layers=True)
         if leaves:
             self.notes.append(f"ZeRO-3 leaf modules: {len(leaves)}, the transformer layers "
