@@ -108,8 +108,9 @@ def with_torch_linear(model: nn.Module, config: dict) -> dict:
     Under ZeRO-3 DeepSpeed replaces ``torch.nn.functional.linear``, for the whole process,
     with its own autograd Function (``zero_optimization.memory_efficient_linear``, on by
     default). Dynamo of torch 2.11 traces that Function into a compiled region so that the
-    region's Linear weights and biases get no gradient at all (zeros from the first step;
-    DeepSpeed 0.19.8, CPU; torch 2.13 traces it right). DeepSpeed's own compiler puts torch's
+    region's Linear layers with a bias get no gradient at all, weight or bias (zeros from the
+    first step; those without a bias train right; DeepSpeed 0.19.8, CPU; torch 2.13 traces it
+    right). DeepSpeed's own compiler puts torch's
     linear back too (``deepspeed/compile/init_z3.py``). A config that turns it on itself is
     kept, with a warning."""
     zero = config.get("zero_optimization") or {}
@@ -117,7 +118,7 @@ def with_torch_linear(model: nn.Module, config: dict) -> dict:
         return config
     if zero.get("memory_efficient_linear") is True:
         warnings.warn("zero_optimization.memory_efficient_linear is on with compiled regions: "
-                      "with torch 2.11 their Linear layers got no gradients under it",
+                      "with torch 2.11 their biased Linear layers got no gradients under it",
                       stacklevel=3)
         return config
     config = copy.deepcopy(config)

@@ -245,7 +245,7 @@ def test_zero3_leaves_are_the_compiled_regions_that_can_be_leaves():
 
 def test_the_build_keeps_torch_linear_in_compiled_regions_under_zero3(monkeypatch):
     """DeepSpeed's memory-efficient linear, which ZeRO-3 puts in place of torch's, left the
-    Linear layers of compiled regions without gradients with torch 2.11: the build turns it
+    biased Linear layers of compiled regions without gradients with torch 2.11: the build turns it
     off where the model has compiled regions, and warns where the config turns it on itself
     (DeepSpeed itself stubbed here)."""
     import deepspeed
@@ -318,7 +318,7 @@ def test_compiled_regions_train_under_zero3_as_leaf_modules():
     run around it, not inside), and the losses of the uncompiled schedule, checkpoint
     included. The embedding's region keeps ZeRO-3's hooks, and trains right too. Without the
     leaves Dynamo meets the hooks inside the blocks. (With DeepSpeed's memory-efficient linear
-    in the blocks, torch 2.11 gave their Linear layers no gradients and the losses were off
+    in the blocks, torch 2.11 gave their biased Linear layers no gradients and the losses were off
     from the second step: slapo.engines.with_torch_linear.)"""
     eager = run_ranks(_zero3_train, False, True)
     compiled = run_ranks(_zero3_train, True, True)

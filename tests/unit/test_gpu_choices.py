@@ -241,7 +241,7 @@ def test_slapo_zero3_compiles_its_layers_on_cuda_and_runs_torch_linear_in_them(
         version, monkeypatch):
     """Slapo-ZeRO3 on CUDA compiles its layers as Slapo-TP does, with the device machines'
     torch too, and hands DeepSpeed a config whose ZeRO-3 keeps torch's linear in them (with
-    DeepSpeed's own, torch 2.11's compiled Linear layers got no gradients:
+    DeepSpeed's own, torch 2.11's compiled Linear layers with a bias got no gradients:
     slapo.engines.with_torch_linear); its notes say so. Its schedule is built on the CPU
     (DeepSpeed moves the model), so this runs here; the build itself is stubbed."""
     import slapo

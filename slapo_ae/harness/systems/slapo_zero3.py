@@ -5,7 +5,7 @@ the schedule compiles each layer, as Slapo-TP's does, and the build makes each c
 a ZeRO-3 leaf module (``slapo.engines.with_zero3_leaves``), as every transformer layer is,
 compiled or not, so that ZeRO-3 gathers a layer's parameters at once, and keeps torch's own
 linear in them (``slapo.engines.with_torch_linear``: DeepSpeed's memory-efficient one left
-compiled Linear layers without gradients with torch 2.11)."""
+compiled Linear layers with a bias without gradients with torch 2.11)."""
 from __future__ import annotations
 
 import dataclasses
