@@ -379,17 +379,20 @@ def _zero3_schedule(model_name: str, compiled: bool, layer_leaves: bool = False)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_name", ["bert-tiny", "llama-tiny"])
+@pytest.mark.parametrize("model_name", ["bert-tiny", "llama-tiny", "opt-tiny", "gpt-neo-tiny"])
 def test_kernel_schedules_with_compiled_layers_train_under_zero3(model_name):
     """Slapo-ZeRO3's CUDA path on CPU ranks: the family schedule's compiled layers (half of
     them checkpointed), its compiled loss and, for BERT, its MLM head transform, as ZeRO-3
     leaf modules, give the losses of the uncompiled schedule to 1e-4 (Inductor reassociates
-    fp32 sums)."""
+    fp32 sums). With DeepSpeed's memory-efficient linear in the compiled layers, torch 2.11
+    failed this for the families whose Linear layers have biases (all but LLaMA)."""
     eager = run_ranks(_zero3_schedule, model_name, False)
     compiled = run_ranks(_zero3_schedule, model_name, True)
     layers = {"bert-tiny": ["bert.encoder.layer.0", "bert.encoder.layer.1",
                             "cls.predictions.transform"],
-              "llama-tiny": ["model.layers.0", "model.layers.1"]}[model_name]
+              "llama-tiny": ["model.layers.0", "model.layers.1"],
+              "opt-tiny": ["model.decoder.layers.0", "model.decoder.layers.1"],
+              "gpt-neo-tiny": ["transformer.h.0", "transformer.h.1"]}[model_name]
     for rank in range(2):
         assert eager[rank][1] == [] and compiled[rank][1] == layers
         assert compiled[rank][0] == pytest.approx(eager[rank][0], rel=1e-4)
