@@ -236,6 +236,30 @@ def test_compiled_cross_entropy_is_hfs_loss_forward_and_backward(dtype):
         compiled_cross_entropy(logits, target[:, :6])
 
 
+@pytest.mark.parametrize("model,device,compile_kernels,kernel", [
+    ("bert-tiny", "cpu", "auto", "eager"),  # fused (a module), run eagerly on CPU
+    ("gpt-neo-tiny", "cpu", "auto", "eager"),  # replaced (a call) by slapo.op.bias_gelu
+    ("llama-tiny", "cpu", "auto", "none"),  # SwiGLU, no GeLU
+    ("bert-tiny", "cuda", "0", "none")])  # CUDA with nothing to compile it: HF's own Linear
+def test_the_record_says_whether_the_schedule_fused_bias_and_gelu(
+        model, device, compile_kernels, kernel, monkeypatch):
+    """The kernel note's bias_gelu entry follows what the schedule did to the model, whichever
+    primitive did it. The model is scheduled on the CPU for CUDA as Slapo-ZeRO3's is."""
+    from slapo.op.gelu import ENV_COMPILE
+    from slapo_ae.harness.systems.slapo_tp import has_fused_bias_gelu, schedule
+
+    monkeypatch.setenv(ENV_COMPILE, compile_kernels)
+    ctx = base.DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    notes = []
+    sch = schedule(_spec("slapo-kernel", model=model, device=device), ctx, notes,
+                   trains_on=torch.device(device), tensor_parallel=False, kernel_opt=True,
+                   compile_layers=False)
+    assert has_fused_bias_gelu(sch.mod) == (kernel != "none")
+    entry = next(part for part in notes[0].split("; ") if part.startswith("bias_gelu: "))
+    assert entry == ("bias_gelu: none (the model's own Linear and activation)"
+                     if kernel == "none" else f"bias_gelu: {kernel}")
+
+
 @pytest.mark.parametrize("version", ["2.13.0", "2.11.0+cu130"])
 def test_slapo_zero3_compiles_its_layers_on_cuda_and_runs_torch_linear_in_them(
         version, monkeypatch):

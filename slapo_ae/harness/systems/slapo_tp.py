@@ -22,6 +22,17 @@ from .base import NativeTrainer, TensorParallelTrainer, Unsupported, build_hf_mo
 from .eager import wrap_data_parallel
 
 
+def has_fused_bias_gelu(model) -> bool:
+    """Whether a schedule put a fused bias+GeLU in ``model``: the node the families' ``fuse``
+    (BERT, RoBERTa: a module) or ``replace`` (GPT-Neo: a call) leaves in a traced graph is
+    named ``bias_gelu``."""
+    import torch.fx
+
+    return any(node.name.startswith("bias_gelu")
+               for mod in model.modules() if isinstance(getattr(mod, "graph", None), torch.fx.Graph)
+               for node in mod.graph.nodes)
+
+
 def scheduled_model(spec, ctx, notes: list[str], trains_on=None, **options):
     """The zoo model with its Slapo schedule applied (:func:`schedule`), built as a module."""
     import slapo
@@ -63,8 +74,7 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
         else:
             choices["layers"] = "eager" + (" (compiling is off on CPU: seconds per layer)"
                                            if device == "cpu" else "")
-            if not any(name.rsplit(".", 1)[-1].startswith("bias_gelu")
-                       for name, _ in sch.mod.named_modules()):
+            if not has_fused_bias_gelu(sch.mod):
                 choices["bias_gelu"] = "none (the model's own Linear and activation)"
         notes.append(f"Slapo kernels on {device}: " + "; ".join(
             f"{op}: {kernel}" for op, kernel in choices.items()))
