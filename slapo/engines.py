@@ -110,9 +110,9 @@ def with_torch_linear(model: nn.Module, config: dict) -> dict:
     default). Dynamo of torch 2.11 traces that Function into a compiled region so that the
     region's Linear layers with a bias get no gradient at all, weight or bias (zeros from the
     first step; those without a bias train right; DeepSpeed 0.19.8, CPU; torch 2.13 traces it
-    right). DeepSpeed's own compiler puts torch's
-    linear back too (``deepspeed/compile/init_z3.py``). A config that turns it on itself is
-    kept, with a warning."""
+    right). DeepSpeed's own compiler puts torch's linear back too
+    (``deepspeed/compile/init_z3.py``). A config that turns it on itself is kept, with a
+    warning."""
     zero = config.get("zero_optimization") or {}
     if zero.get("stage") != 3 or not compiled_regions(model):
         return config

@@ -169,14 +169,14 @@ def recheck(e2e, ablation, runs: Path, steps: int, warmup: int, device: str = "c
     profiles_s, still_behind = 0.0, 0  # what rule gaps will spend profiling those points
     for i, (a, b, decided, m) in enumerate(trailing + others):
         if i >= len(trailing):  # a close call where Slapo is not behind: within the limits
-            why, spent = None, clock() - started + profiles_s
+            why, spent, cost = None, clock() - started + profiles_s, expected_seconds(a, b)
             if i - len(trailing) >= most:
                 why = f"only the {most} closest of {len(others)} are measured (--max)"
             elif budget is not None and spent >= budget:
                 why = f"the recheck's {budget:.0f} s{_source(basis)} were spent"
-            elif budget is not None and spent + expected_seconds(a, b) > budget:
-                why = (f"its runs (about {expected_seconds(a, b):.0f} s) would end past the "
-                       f"recheck's {budget:.0f} s{_source(basis)}")
+            elif budget is not None and spent + cost > budget:
+                why = (f"its runs (about {cost:.0f} s) would end past the recheck's "
+                       f"{budget:.0f} s{_source(basis)}")
             if why:
                 skipped.append(pair_key(a, b))
                 measured[pair_key(a, b)] = {
