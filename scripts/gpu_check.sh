@@ -13,7 +13,8 @@
 # It uses the python3 on PATH with its own PyTorch. Wheels in .whl/ (scripts/gpu_wheels.sh
 # prepares them) are installed first, into a folder of their own, for machines that cannot reach
 # a package index. Outputs go to OUT_FOLDER (default results/reference/<gpu>/<PART>); where $OUT
-# is set (the device tool), a tarball of them and the summary are copied there. Set
+# is set (the device tool), a tarball of them, one of the profiles' traces, and the summary are
+# copied there. Set
 # SLAPO_AE_GIT_COMMIT to the commit the tree was copied from when it travels without .git.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,7 +75,11 @@ else
 fi
 echo "part $part: $((SECONDS - start)) s, exit status $status"
 if [[ -n "${OUT:-}" ]]; then
-  tar czf "$OUT/$part.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+  # the profiles' Chrome traces in a tarball of their own: a file too large to come back
+  # would then cost only them, not the records
+  tar czf "$OUT/$part.tgz" --exclude='*.trace.json' -C "$(dirname "$out")" "$(basename "$out")"
+  (cd "$(dirname "$out")" && find "$(basename "$out")" -name '*.trace.json' -print0 \
+     | xargs -0r tar czf "$OUT/$part-traces.tgz")
   [[ -f $summary ]] && cp "$summary" "$OUT/$part-$(basename "$summary")"
 fi
 exit "$status"

@@ -9,7 +9,9 @@ that a part fits one call of a GPU lent for minutes (``scripts/gpu_check.sh PART
 
 ``run`` runs the cases of a cfg file one after another through the harness
 (``slapo-bench run`` in this process: its own ranks, timeout and record per case), writing
-``OUT/<case id>.json`` and ``OUT/logs/<case id>.log``. A case whose record is already ``ok`` or
+``OUT/<case id>.json`` and ``OUT/logs/<case id>.log``; the cases of :data:`PROFILED_MODES` then
+train :data:`PROFILE_STEPS` more steps under torch.profiler (``--profile-after``, outside their
+figures) into ``OUT/profiles/<case id>/``. A case whose record is already ``ok`` or
 ``unsupported`` is kept (a rerun resumes and retries failures). ``--deadline`` bounds the cases'
 time together: each case's timeout is cut to what is left of it, and no case starts with less
 than ``--min-case`` seconds left, so a part ends in time whatever its cases do. It ends with
@@ -34,6 +36,7 @@ all from the same GPU and the same run, into ``OUT/summary.md`` and ``OUT/summar
   model is shown by the CPU tests, in fp32, at 1e-5.
 
 A target is ``NOT-RUN`` (with the reason) when a record it needs is missing or not ``ok``.
+The summary ends with the profiled systems' kernel time per step side by side, by operator.
 """
 from __future__ import annotations
 
@@ -65,6 +68,12 @@ H200_ANCHORS = {
     ("EleutherAI/gpt-neo-1.3B", "deepspeed"): 14.5, ("EleutherAI/gpt-neo-1.3B", "megatron"): 25.9,
     ("facebook/opt-1.3b", "hf-sdpa"): 48.2, ("llama-1.1b", "hf-sdpa"): 46.2,
 }
+# Profiled after their timed steps (``slapo-bench run --profile-after``), so that the summary
+# says where each one's GPU time goes: Slapo-TP and the baseline that was T1's best on both
+# models measured so far (2026-12-04).
+PROFILED_MODES = ("slapo-megatron", "hf-compile")
+PROFILE_STEPS = 2
+PROFILE_TOP_OPS = 12  # per system, in the summary's table
 SETTLED = ("ok", "unsupported")  # a rerun keeps these records; failed and oom cases run again
 # A baseline with one of these outcomes is out of T1's comparison for a reason of its own; no
 # record or a failed one (a timeout included) leaves T1 unjudged.
@@ -241,14 +250,70 @@ def judge(folder) -> list[Verdict]:
         if r.status != "ok":
             facts.insert(0, f"{r.status}: {(r.reason or '').splitlines()[0][:200]}")
         lines.append(f"- {model}, {mode}: " + ("; ".join(facts) or "-"))
+    lines += profile_lines(folder, records)
     write_text(folder / "summary.md", "\n".join(lines) + "\n")
     return verdicts
 
 
+def device_profile(folder, record) -> dict | None:
+    """Rank 0's profile of ``record``'s case under ``folder/profiles/`` (``slapo-bench run
+    --profile``), per profiled step, in milliseconds: its wall time, all kernels' time, and each
+    operator's share of it; None where there is none with device times (not profiled, or
+    profiled on CPU)."""
+    path = Path(folder) / "profiles" / record.id / "rank0.ops.json"
+    try:
+        profile = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    steps = profile.get("steps") or 0
+    if not steps or "device_us" not in profile:
+        return None
+    return {"steps": steps, "wall_ms": profile["wall_us"] / 1e3 / steps,
+            "device_ms": profile["device_us"] / 1e3 / steps,
+            "ops": {name: op["self_device_us"] / 1e3 / steps
+                    for name, op in profile["ops"].items() if op.get("self_device_us")}}
+
+
+def profile_lines(folder, records: dict) -> list[str]:
+    """The summary's section on where the GPU time goes: per model, its profiled systems side
+    by side, the kernel milliseconds per step of each one's largest operators."""
+    lines = []
+    for model in sorted({model for model, _ in records}):
+        profiles = {mode: p for (m, mode), r in sorted(records.items())
+                    if m == model and r.status == "ok" and (p := device_profile(folder, r))}
+        if not profiles:
+            continue
+        top = []
+        for p in profiles.values():
+            for name in sorted(p["ops"], key=p["ops"].get, reverse=True)[:PROFILE_TOP_OPS]:
+                if name not in top:
+                    top.append(name)
+        modes = list(profiles)
+        steps = ", ".join(f"{m} {p['steps']}" for m, p in profiles.items())
+        lines += ["", f"## Where the GPU time goes: {model}", "",
+                  f"Milliseconds per step over the steps profiled after the timed ones ({steps}; "
+                  f"torch.profiler): the wall time, all kernels' time, and the time of the "
+                  f"kernels each operator launched itself, for each system's "
+                  f"{PROFILE_TOP_OPS} largest. Tables and traces: profiles/<case id>/.", "",
+                  "| operator | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes),
+                  "| (wall) | " + " | ".join(f"{profiles[m]['wall_ms']:.1f}" for m in modes) + " |",
+                  "| (all kernels) | " + " | ".join(f"{profiles[m]['device_ms']:.1f}"
+                                                   for m in modes) + " |"]
+        for name in top:
+            cells = [f"{profiles[m]['ops'][name]:.2f}" if name in profiles[m]["ops"] else "-"
+                     for m in modes]
+            shown = name if len(name) <= 70 else name[:67] + "..."
+            lines.append(f"| `{shown}` | " + " | ".join(cells) + " |")
+    return lines
+
+
 def run(cfg, out, steps: int, warmup: int, dtype: str, device: str, deadline_s: float,
-        timeout_s: float, min_case_s: float) -> int:
+        timeout_s: float, min_case_s: float, profile_modes=PROFILED_MODES,
+        profile_steps: int = PROFILE_STEPS) -> int:
     """Run every case of ``cfg`` not yet settled in ``out``, each for at most ``timeout_s``
-    and all of them within ``deadline_s`` seconds; returns how many were left out."""
+    and all of them within ``deadline_s`` seconds; returns how many were left out. Cases of
+    ``profile_modes`` run ``profile_steps`` more steps under torch.profiler after their timed
+    ones, into ``out/profiles/<case id>/``."""
     from slapo_ae.cfg import parse_cfg
     from slapo_ae.harness import cli
     from slapo_ae.record import RecordError, read_record
@@ -276,6 +341,9 @@ def run(cfg, out, steps: int, warmup: int, dtype: str, device: str, deadline_s: 
         args = ["run", *run_case.to_argv(), "--out", str(record_path),
                 "--log", str(out / "logs" / f"{case.id}.log"),
                 "--timeout", f"{min(timeout_s, left):.0f}"]
+        if profile_steps and case.mode in profile_modes:
+            args += ["--profile", str(out / "profiles" / case.id),
+                     "--profile-after", str(profile_steps)]
         # `slapo-bench run`: prints "<id>: <status>: <samples/s or reason> -> <record>", and
         # leaves a failed record even when the harness itself breaks.
         cli.main(args)
@@ -307,6 +375,11 @@ def main(argv=None) -> int:
     p.add_argument("--min-case", type=float, default=45.0,
                    help="no case starts with fewer seconds left before the deadline "
                         "(default 45)")
+    p.add_argument("--profile-modes", default=",".join(PROFILED_MODES),
+                   help="modes profiled after their timed steps, comma-separated (default "
+                        f"{','.join(PROFILED_MODES)}; empty: none)")
+    p.add_argument("--profile-steps", type=int, default=PROFILE_STEPS,
+                   help=f"steps profiled after the timed ones (default {PROFILE_STEPS}; 0: none)")
     p = sub.add_parser("judge", help="judge the records of a folder")
     p.add_argument("folder")
     args = parser.parse_args(argv)
@@ -321,8 +394,20 @@ def main(argv=None) -> int:
         except OSError as err:
             print(f"{args.cfg}: cannot read: {err.strerror or err}", file=sys.stderr)
             return 2
+        if args.profile_steps < 0:
+            print(f"--profile-steps must be at least 0, got {args.profile_steps}",
+                  file=sys.stderr)
+            return 2
+        modes = tuple(m for m in args.profile_modes.split(",") if m)
+        from slapo_ae.case import MODES
+
+        unknown = [m for m in modes if m not in MODES]
+        if unknown:
+            print(f"--profile-modes: unknown mode(s) {', '.join(unknown)}; known: "
+                  f"{', '.join(MODES)}", file=sys.stderr)
+            return 2
         skipped = run(args.cfg, args.out, args.steps, args.warmup, args.dtype, args.device,
-                      args.deadline, args.timeout, args.min_case)
+                      args.deadline, args.timeout, args.min_case, modes, args.profile_steps)
         folder = args.out
     else:
         skipped = 0

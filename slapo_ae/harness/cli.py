@@ -5,7 +5,7 @@
                     --batch-size B [--ckpt C] --steps K --warmup W [--dtype fp32|fp16|bf16]
                     --out PATH.json [--log PATH] [--timeout S] [--case-id ID] [--device ...]
                     [--seed N] [--lr X] [--no-dropout] [--override KEY=VALUE ...]
-                    [--cores C] [--profile DIR]
+                    [--cores C] [--profile DIR [--profile-after N]]
 
 ``cases`` expands a cfg file into its cases, or exits 2 with ``file:line: message`` lines.
 ``run`` runs one case on N ranks and writes its record; its exit status says the record's
@@ -113,6 +113,10 @@ def spec_from_args(args):
              else default_cores(case.device, case.gpus_per_node))
     if cores < 1:
         raise UsageError(f"--cores must be at least 1, got {cores}")
+    if args.profile_after < 0:
+        raise UsageError(f"--profile-after must be at least 0, got {args.profile_after}")
+    if args.profile_after and not args.profile:
+        raise UsageError("--profile-after needs --profile DIR (where the profile goes)")
     log = args.log or str(out.with_suffix(".log"))
     for flag, path in (("--out", out), ("--log", Path(log))):
         if path.is_dir():
@@ -124,7 +128,8 @@ def spec_from_args(args):
     memory = case.memory_per_rank * 2**20 if case.memory_per_rank else None
     return RunSpec(case=case, out=str(out), log=log, timeout=float(timeout),
                    case_id=args.case_id, cores=cores, memory_per_rank=memory,
-                   profile_dir=args.profile, rdzv_endpoint=args.rdzv_endpoint)
+                   profile_dir=args.profile, profile_after=args.profile_after,
+                   rdzv_endpoint=args.rdzv_endpoint)
 
 
 def _writable(flag: str, folder: Path) -> None:
@@ -231,6 +236,9 @@ def build_parser():
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="profile the timed steps with torch.profiler: each rank writes its "
                         "operator table and trace to DIR (slows the run; the record says so)")
+    p.add_argument("--profile-after", type=int, default=0, metavar="N",
+                   help="with --profile: profile N more steps after the timed ones instead, "
+                        "so that the record's figures come from unprofiled steps")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.set_defaults(func=cmd_run)
     return parser

@@ -1,4 +1,6 @@
-"""``slapo-bench run --profile DIR``: torch.profiler over the timed steps of every rank.
+"""``slapo-bench run --profile DIR``: torch.profiler over the timed steps of every rank (or,
+with ``--profile-after N``, over N more steps after them, so that the record's figures stay
+unprofiled).
 
 Each rank writes ``DIR/rank<R>.txt`` (its operators by self time, CPU and, on CUDA, device),
 ``DIR/rank<R>.ops.json`` (every operator's calls, self time and, where torch.profiler counts
@@ -6,9 +8,10 @@ them (matrix products, element-wise ops), floating-point operations from the sha
 steps profiled: what :mod:`slapo_ae.analysis.gaps` compares) and ``DIR/rank<R>.trace.json``
 (a Chrome trace, for ``chrome://tracing`` or Perfetto), and returns a short summary that goes
 into the record (``metrics.extra.profile``): the profiled wall time, the self time of
-collectives and of the top operators. Warm-up steps are not profiled. Profiling slows the
-steps it watches, so a profiled record's throughput is not comparable with an unprofiled one;
-the record's notes say so.
+collectives and of the top operators (on CUDA their kernels' time too, ``self_device_us``).
+Warm-up steps are not profiled. Profiling slows the steps it watches, so the throughput of a
+record whose timed steps were profiled is not comparable with an unprofiled one; the record's
+notes say which steps were profiled.
 """
 from __future__ import annotations
 
@@ -64,22 +67,56 @@ class StepProfiler:
         (out / f"rank{self.rank}.txt").write_text(averages.table(sort_by=sort,
                                                                   row_limit=TABLE_ROWS))
         self.prof.export_chrome_trace(str(out / f"rank{self.rank}.trace.json"))
-        ops = {e.key: {"calls": e.count, "self_cpu_us": e.self_cpu_time_total,
-                       **({"flops": e.flops} if e.flops else {})}
-               for e in averages}
         (out / f"rank{self.rank}.ops.json").write_text(json.dumps(
-            {"steps": self.steps, "wall_us": wall_us, "ops": ops}, indent=1))
-        return summarize(averages, wall_us)
+            {"steps": self.steps, "wall_us": wall_us, **operators(averages, self.cuda)},
+            indent=1))
+        return summarize(averages, wall_us, self.cuda)
 
 
-def summarize(averages, wall_us: float) -> dict:
-    """Profiled wall time, collectives' self CPU time, and the top operators (microseconds)."""
-    rows = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
+def _on_cpu(event) -> bool:
+    """An operator (or a ``record_function`` region) the CPU ran; the rest are the device's
+    own events: its kernels, and the GPU-side copies of annotations. torch.profiler counts a
+    kernel's time twice, as its own event and in the self device time of the CPU operator that
+    launched it."""
+    from torch.autograd import DeviceType
+
+    return event.device_type == DeviceType.CPU
+
+
+def operators(averages, cuda: bool) -> dict:
+    """``ops``: each CPU-side operator's calls, self CPU time and FLOPs, and on CUDA the time
+    of the kernels it launched itself (``self_device_us``, without its child operators'; a
+    compiled region's Triton kernels count under their own names); on CUDA also
+    ``device_us``, all kernels' time, which those shares add up to (less any kernel no
+    operator launched)."""
+    ops = {e.key: {"calls": e.count, "self_cpu_us": e.self_cpu_time_total,
+                   **({"self_device_us": e.self_device_time_total} if cuda else {}),
+                   **({"flops": e.flops} if e.flops else {})}
+           for e in averages if _on_cpu(e)}
+    if not cuda:
+        return {"ops": ops}
+    kernels = (e for e in averages if not _on_cpu(e) and not e.is_user_annotation)
+    return {"ops": ops, "device_us": sum(e.self_device_time_total for e in kernels)}
+
+
+def summarize(averages, wall_us: float, cuda: bool = False) -> dict:
+    """Profiled wall time, collectives' self CPU time, and the top operators (microseconds):
+    by self CPU time, and on CUDA also by the device time of the kernels each launched."""
+    rows = sorted((e for e in averages if _on_cpu(e)), key=lambda e: e.self_cpu_time_total,
+                  reverse=True)
     collective = sum(e.self_cpu_time_total for e in rows if COLLECTIVE.search(e.key))
-    return {
+    summary = {
         "wall_us": round(wall_us),
         "self_cpu_us": round(sum(e.self_cpu_time_total for e in rows)),
         "collective_self_cpu_us": round(collective),
         "top_ops": [{"op": e.key, "calls": e.count, "self_cpu_us": round(e.self_cpu_time_total)}
                     for e in rows[:TOP_OPS]],
     }
+    if cuda:
+        table = operators(averages, cuda)
+        summary["device_us"] = round(table["device_us"])
+        top = sorted(table["ops"].items(), key=lambda kv: kv[1]["self_device_us"], reverse=True)
+        summary["top_device_ops"] = [{"op": name, "calls": op["calls"],
+                                      "self_device_us": round(op["self_device_us"])}
+                                     for name, op in top[:TOP_OPS]]
+    return summary

@@ -38,6 +38,9 @@ class RunSpec:
     cores: int | None = None  # CPU cores the case holds, shared by its ranks (threads.py)
     memory_per_rank: int | None = None  # bytes of data a rank may hold (RLIMIT_DATA), if capped
     profile_dir: str | None = None  # where each rank writes its torch.profiler tables
+    # > 0: profile that many steps after the timed ones (left out of the record's figures)
+    # instead of the timed steps themselves
+    profile_after: int = 0
     run_id: str = ""  # ties the record rank 0 writes to this launch
     launch_time: float | None = None  # parent's time.time() just before starting torchrun
     rundir: str | None = None  # where ranks leave their status files

@@ -143,10 +143,13 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
 
     fields = model_fields(spec)
     cuda = ctx.device.type == "cuda"
-    profiler = StepProfiler(spec.profile_dir, ctx.rank, spec.case.warmup, cuda)
+    steps = spec.case.steps
+    # the profiled steps: the timed ones, or (profile_after) as many more after them
+    profiler = StepProfiler(spec.profile_dir, ctx.rank,
+                            steps if spec.profile_after else spec.case.warmup, cuda)
     losses, times = [], []
     sample_at, memory = memory_sample_steps(spec.case.steps, spec.case.warmup), []
-    for step in range(spec.case.steps):
+    for step in range(steps):
         for _ in range(sample_at[:-1].count(step)):  # (the first two coincide at 1 timed step)
             memory.append(memory_in_use_bytes(ctx.device))
         batch = step_batch(spec, fields, system, step, ctx.device)
@@ -168,10 +171,19 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
             timeline["first_step_end"] = time.time()
         losses.append(loss)
         if ctx.rank == 0:
-            log(0, f"step {step + 1}/{spec.case.steps}: {times[-1]:.3f} s"
+            log(0, f"step {step + 1}/{steps}: {times[-1]:.3f} s"
                    f"{' (warm-up)' if step < spec.case.warmup else ''}")
     timeline["train_end"] = time.time()
     memory.append(memory_in_use_bytes(ctx.device))
+    for step in range(steps, steps + spec.profile_after):  # not timed, losses not kept
+        batch = step_batch(spec, fields, system, step, ctx.device)
+        profiler.step_starting(step)
+        system.train_step(batch)
+        if cuda:
+            torch.cuda.synchronize(ctx.device)
+        profiler.step_finished()
+    if spec.profile_after and ctx.rank == 0:
+        log(0, f"{spec.profile_after} more step(s) profiled, untimed")
     return losses, times, profiler.finish(), memory
 
 
@@ -194,13 +206,18 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
                      "thread each); the steps measure the cores' time-sharing too")
     memory = {"steps": metrics.memory_sample_steps(spec.case.steps, spec.case.warmup),
               "ranks": [rank["memory"] for rank in gathered]}
-    if not spec.profile_dir:  # the profiler's own event buffers grow every step
+    timed_steps_profiled = spec.profile_dir and not spec.profile_after
+    if not timed_steps_profiled:  # the profiler's own event buffers grow every step
         leak = metrics.memory_growth_note(memory["ranks"], memory["steps"])
         if leak:
             notes.append(leak)
-    if spec.profile_dir:
+    if timed_steps_profiled:
         notes.append(f"profiled with torch.profiler (tables and traces in {spec.profile_dir}): "
                      "the timed steps ran slower than unprofiled ones")
+    elif spec.profile_dir:
+        notes.append(f"profiled with torch.profiler (tables and traces in {spec.profile_dir}): "
+                     f"{spec.profile_after} more step(s) after the timed ones, which the "
+                     "record's figures leave out")
     try:
         per_sample = flops.train_flops_per_sample(model_fields(spec), spec.case.seq_len,
                                                   spec.case.dec_seq_len, "paper")

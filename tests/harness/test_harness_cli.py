@@ -92,6 +92,8 @@ def test_run_unknown_model_is_a_clear_usage_error(tmp_path, capsys):
      "SEQ_LEN 513 is longer than bert-tiny's 512 positions"),
     (["--mode", "eager", "--seq-len", "1025", "--override", "max_position_embeddings=1024"],
      "SEQ_LEN 1025 is longer than bert-tiny's 1024 positions"),
+    (["--mode", "eager", "--profile-after", "2"], "--profile-after needs --profile DIR"),
+    (["--mode", "eager", "--profile-after", "-1"], "--profile-after must be at least 0"),
 ])
 def test_run_usage_errors(tmp_path, capsys, args, message):
     base = {"--model": "bert-tiny", "--gpus": "2", "--seq-len": "16", "--batch-size": "4",

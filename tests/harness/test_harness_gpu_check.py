@@ -126,6 +126,40 @@ def test_judge_writes_the_summary(tmp_path):
             "Slapo kernels on cuda: layers: one region each") in text
     assert "- bert-large-uncased, hf-liger: unsupported: CUDA OOM" in text
     judge(tmp_path)  # summary.json beside the records is not read as a record
+    assert "Where the GPU time goes" not in text  # nothing profiled
+
+
+def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
+    """Each profiled record's rank-0 ops.json (profiles/<case id>/) gives its column: wall and
+    kernel milliseconds per step, then each system's largest operators by kernel time."""
+    slapo, compiled = rec("slapo-megatron", 330), rec("hf-compile", 300)
+    profiles = [(slapo, {"aten::mm": 180e3, "aten::copy_": 40e3, "aten::add_": 2e3}),
+                (compiled, {"aten::mm": 170e3, "triton_red_fused_add_native_layer_norm_0": 30e3})]
+    for record, ops in profiles:
+        write_record(record, tmp_path / f"{record.id}.json")
+        folder = tmp_path / "profiles" / record.id
+        folder.mkdir(parents=True)
+        (folder / "rank0.ops.json").write_text(json.dumps({
+            "steps": 2, "wall_us": 500e3, "device_us": sum(ops.values()) + 10e3,
+            "ops": {name: {"calls": 8, "self_cpu_us": 1.0, "self_device_us": us}
+                    for name, us in ops.items()}}))
+    cpu_profiled = rec("hf-sdpa", 200)  # a CPU profile has no kernel times: no column
+    write_record(cpu_profiled, tmp_path / f"{cpu_profiled.id}.json")
+    (tmp_path / "profiles" / cpu_profiled.id).mkdir()
+    (tmp_path / "profiles" / cpu_profiled.id / "rank0.ops.json").write_text(json.dumps(
+        {"steps": 2, "wall_us": 1e3, "ops": {"aten::mm": {"calls": 1, "self_cpu_us": 1.0}}}))
+    judge(tmp_path)
+    text = (tmp_path / "summary.md").read_text()
+    section = text[text.index("## Where the GPU time goes: bert-large-uncased"):]
+    assert "(hf-compile 2, slapo-megatron 2; torch.profiler)" in section
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert rows == ["| operator | hf-compile | slapo-megatron |",
+                    "| (wall) | 250.0 | 250.0 |",
+                    "| (all kernels) | 105.0 | 116.0 |",
+                    "| `aten::mm` | 85.00 | 90.00 |",
+                    "| `triton_red_fused_add_native_layer_norm_0` | 15.00 | - |",
+                    "| `aten::copy_` | - | 20.00 |",
+                    "| `aten::add_` | - | 1.00 |"]
 
 
 CFG = """\
@@ -192,13 +226,19 @@ def test_the_deadline_cuts_each_case_timeout_and_starts_none_too_late(tmp_path, 
 
     def fake_run(args):
         timeouts.append(args[args.index("--timeout") + 1])
+        profiled.append(args[args.index("--profile") + 1:] if "--profile" in args else None)
         clock[0] += 70
 
+    profiled = []
     monkeypatch.setattr(gpu_check.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(cli, "main", fake_run)
     skipped = gpu_check.run(cfg, tmp_path / "out", 3, 1, "fp32", "cpu", deadline_s=200,
                             timeout_s=100, min_case_s=45)
     assert timeouts == ["100", "100", "60"] and skipped == 1  # 0 s left for the fourth
+    # Slapo-TP and hf-compile are profiled, after their timed steps, each into its own folder
+    where = str(tmp_path / "out" / "profiles" / "slapo-megatron__bert-tiny__g1__s16__b4__c0")
+    assert profiled[0] == [where, "--profile-after", str(gpu_check.PROFILE_STEPS)]
+    assert profiled[1] is None and profiled[2][0].endswith("hf-compile__bert-tiny__g1__s16__b4__c0")
 
 
 def test_script_and_wheels_are_valid_bash():
@@ -237,6 +277,16 @@ def test_bad_input_is_refused_in_one_line_before_anything_runs(tmp_path, capsys)
     assert gpu_check.main(["run", str(bad), "--out", str(tmp_path / "out")]) == 2
     known = ", ".join(MODES)
     assert capsys.readouterr().err.strip() == f"{bad}:2: unknown mode 'bogus'; known: {known}"
+    assert not (tmp_path / "out").exists()
+    good = tmp_path / "good.cfg"
+    good.write_text("eager bert-tiny 1 64 0 4 0\n")
+    assert gpu_check.main(["run", str(good), "--out", str(tmp_path / "out"),
+                           "--profile-modes", "hf-compile,hf-compiled"]) == 2
+    assert capsys.readouterr().err.strip() == ("--profile-modes: unknown mode(s) hf-compiled; "
+                                               f"known: {known}")
+    assert gpu_check.main(["run", str(good), "--out", str(tmp_path / "out"),
+                           "--profile-steps", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == "--profile-steps must be at least 0, got -1"
     assert not (tmp_path / "out").exists()
     assert gpu_check.main(["run", str(tmp_path / "none.cfg"), "--out", str(tmp_path / "o")]) == 2
     assert gpu_check.main(["judge", str(tmp_path / "nowhere")]) == 2
