@@ -31,7 +31,8 @@ TABLE_ROWS = 60
 
 
 class StepProfiler:
-    """Profile from step ``start`` (the first timed step) to the end of training."""
+    """Profile from step ``start`` to the end of training: from the first timed step, or (with
+    ``--profile-after``) from the first step after them."""
 
     def __init__(self, out_dir: str | None, rank: int, start: int, cuda: bool):
         self.out_dir, self.rank, self.start, self.cuda = out_dir, rank, start, cuda
