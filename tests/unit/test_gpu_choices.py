@@ -110,6 +110,27 @@ def test_hf_liger_applies_liger_kernels_own_patch_for_the_model_type(fake_liger)
         apply_liger(build_model("bert-tiny"))
 
 
+def test_hf_liger_refuses_a_family_without_a_patch_before_building_the_model(fake_liger,
+                                                                              monkeypatch):
+    """On one H200, hf-liger's bert-large case took 17 s to say it was unsupported, most of
+    them building the model; the patch table is asked first."""
+    from slapo_ae.harness.systems import eager
+
+    def build_hf_model(*args):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(eager, "build_hf_model", build_hf_model)
+    ctx = base.DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    system = eager.HFLigerSystem(_spec("hf-liger", model="bert-tiny", device="cuda",
+                                       dtype="bf16"), ctx)
+    with pytest.raises(Unsupported, match="no kernels for bert models"):
+        system.setup()
+    system = eager.HFLigerSystem(_spec("hf-liger", model="llama-tiny", device="cuda",
+                                       dtype="bf16"), ctx)
+    with pytest.raises(AssertionError, match="the model was built"):
+        system.setup()
+
+
 # --- megatron-core's fusions -----------------------------------------------------------------
 def test_megatron_fusions_by_family():
     from slapo_ae.harness.systems.megatron import cuda_fusions

@@ -97,8 +97,30 @@ class HFLigerSystem(EagerSystem):
     def attn_implementation(self) -> str:
         return "sdpa"
 
+    def setup(self) -> None:
+        from slapo_ae.zoo import model_family
+
+        # a family liger-kernel has no patch for is unsupported before the model is built
+        liger_patch(model_family(self.spec.case.model))
+        super().setup()
+
     def adapt(self, model) -> None:
         self.notes.append(apply_liger(model))
+
+
+def liger_patch(model_type: str):
+    """liger-kernel's patch for ``model_type`` (a transformers model type);
+    :class:`Unsupported` when it has none."""
+    import importlib.metadata
+
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
+    if apply is None:
+        version = importlib.metadata.version("liger-kernel")
+        raise Unsupported(f"liger-kernel {version} has no kernels for {model_type} models "
+                          f"(it patches: {', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))})")
+    return apply
 
 
 def apply_liger(model) -> str:
@@ -107,15 +129,9 @@ def apply_liger(model) -> str:
     import importlib.metadata
     import inspect
 
-    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
-
-    version = importlib.metadata.version("liger-kernel")
-    model_type = model.config.model_type
-    apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
-    if apply is None:
-        raise Unsupported(f"liger-kernel {version} has no kernels for {model_type} models "
-                          f"(it patches: {', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))})")
+    apply = liger_patch(model.config.model_type)
     defaults = [name for name, param in inspect.signature(apply).parameters.items()
                 if param.default is True]
     apply(model=model)
+    version = importlib.metadata.version("liger-kernel")
     return f"liger-kernel {version}: {apply.__name__}(model=...), on: {', '.join(defaults)}"
