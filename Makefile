@@ -49,9 +49,11 @@ test: lint
 # The evaluation workflow for the profile that fits this machine (cpu when no GPU is visible),
 # then the report; pass e.g. SNAKEMAKE_ARGS="--config profile=paper". Snakemake parses
 # --config and --configfile before the workflow can check them, so they are checked first.
+# `--resources=gpus=N` in one word: spaced, --resources would take the targets that follow as
+# resources; a --resources of SNAKEMAKE_ARGS comes later and wins.
 reproduce: $(STAMP)
 	@$(PY) workflow/check_args.py $(SNAKEMAKE_ARGS)
-	$(VENV_PATH) $(SNAKEMAKE) --resources gpus=$(GPUS) $(SNAKEMAKE_ARGS)
+	$(VENV_PATH) $(SNAKEMAKE) --resources=gpus=$(GPUS) $(SNAKEMAKE_ARGS)
 	$(VENV_PATH) $(SNAKEMAKE) --report report.html $(SNAKEMAKE_ARGS)
 
 clean:

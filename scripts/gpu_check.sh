@@ -2,7 +2,8 @@
 # The one-GPU check (docs/gpu.md), one part per call, each part sized for a GPU lent for minutes
 # (at most 7 minutes wall on one H200 from a bare machine, wheel installs included):
 #
-#   bash scripts/gpu_check.sh PART [OUT_FOLDER] [gpu_check run options, e.g. --deadline 300]
+#   bash scripts/gpu_check.sh PART [OUT_FOLDER] [options: gpu_check run's, e.g. --deadline 300;
+#                                                  for `workflow` Snakemake's, e.g. -n]
 #
 #   PART  bert | gpt-neo | opt | llama: the cases of configs/gpu_check/PART.cfg (Slapo against
 #         HF SDPA, HF + torch.compile, HF + liger-kernel, megatron-core and DeepSpeed ZeRO-3 on
@@ -36,26 +37,30 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_BUILD_OPS=0 PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"
-gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())")
+gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower() \
+if torch.cuda.is_available() else 'no-gpu')")
 out=${1:-results/reference/$gpu/$part}
 shift || true
 mkdir -p "$out"
 python3 -c "import torch, transformers, deepspeed, megatron.core as m; print('torch', \
 torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__, \
-'megatron-core', m.__version__, torch.cuda.get_device_name(0))"
+'megatron-core', m.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() \
+else 'no GPU')"
 echo "set-up: $((SECONDS - start)) s"
 status=0
 if [[ $part == workflow ]]; then
   # The workflow's own outputs (results/, figures/) of the gpu-smoke profile, then a copy:
   # first the records, CSVs and figures; then, in what is left of the part's 7 minutes, the
-  # rest of the DAG (the back-to-back recheck, the gaps profile and the claims).
-  smk=(python3 -m snakemake --workflow-profile workflow/profiles/default --cores all
-       --resources gpus=1)
-  "${smk[@]}" figures/e2e.pdf figures/ablation.pdf figures/table4.md \
-    --config profile=gpu-smoke "$@" 2>&1 | tee "$out/snakemake.log" || status=${PIPESTATUS[0]}
+  # rest of the DAG (the back-to-back recheck, the gaps profile and the claims). Targets come
+  # before the options: --resources and --config take every word that follows them.
+  smk=(python3 -m snakemake)
+  options=(--workflow-profile workflow/profiles/default --cores all --resources gpus=1
+           --config profile=gpu-smoke)
+  "${smk[@]}" figures/e2e.pdf figures/ablation.pdf figures/table4.md "${options[@]}" "$@" 2>&1 \
+    | tee "$out/snakemake.log" || status=${PIPESTATUS[0]}
   left=$((400 - (SECONDS - start)))
   if (( status == 0 && left > 30 )); then
-    timeout "$left" "${smk[@]}" --config profile=gpu-smoke "$@" 2>&1 \
+    timeout "$left" "${smk[@]}" "${options[@]}" "$@" 2>&1 \
       | tee -a "$out/snakemake.log" || status=${PIPESTATUS[0]}
   else
     echo "claims not made: ${left} s of the part's 7 minutes left" | tee -a "$out/snakemake.log"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -245,6 +246,31 @@ def test_script_and_wheels_are_valid_bash():
     for script in ("scripts/gpu_check.sh", "scripts/gpu_wheels.sh"):
         subprocess.run(["bash", "-n", script], cwd=REPO, check=True)
         assert os.access(REPO / script, os.X_OK)
+
+
+@pytest.mark.slow
+def test_the_workflow_part_runs_snakemake_with_its_targets(tmp_path):
+    """Part ``workflow``, dry (``-n``, passed on to Snakemake) on a copy of the tree: both of its
+    Snakemake runs plan their jobs. (The part had never run: ``--resources gpus=1`` before the
+    targets took them for resources, and Snakemake stopped at once.)"""
+    import shutil
+
+    for path in ("Snakefile", "workflow", "configs", "slapo", "slapo_ae", "scripts"):
+        copy = shutil.copytree if (REPO / path).is_dir() else shutil.copy
+        copy(REPO / path, tmp_path / path,
+             **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree
+                else {}))
+    out = tmp_path / "out"
+    run_env = {k: v for k, v in env().items() if k not in ("PYTHONPATH", "OUT")}
+    run_env["PATH"] = f"{os.path.dirname(sys.executable)}:{run_env['PATH']}"  # its python3
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "workflow", str(out), "-n"],
+                          cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (out / "snakemake.log").read_text()
+    assert log.count("This was a dry-run (flag -n)") == 2, log[-3000:]
+    first = log[:log.index("This was a dry-run")]
+    assert re.search(r"^case +6$", first, re.MULTILINE), first[-2000:]  # gpu-smoke's cases
+    assert re.search(r"^claims +1$", log, re.MULTILINE), log[-2000:]  # the whole DAG after
 
 
 def test_shipped_parts_have_every_system_of_the_targets_slapo_first():

@@ -1,6 +1,7 @@
 """The Makefile's entry point checks the config options it passes to Snakemake, which parses
 them before the workflow could (``snakemake --config profile`` ends in Snakemake's own
 traceback): one line per problem, exit status 2, and Snakemake never starts."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,10 @@ def test_make_reproduce_passes_good_options_on():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == ("SNAKEMAKE --report report.html --config "
                                             "profile=paper --resources gpus=8")
+    # the GPU count in one word, so that targets may follow it; the user's --resources wins
+    run = proc.stdout.splitlines()[-2]
+    assert re.fullmatch(r"SNAKEMAKE --resources=gpus=\d+ --config profile=paper --resources "
+                        r"gpus=8", run), run
+    proc = _make_reproduce("figures/table4.md")
+    assert re.fullmatch(r"SNAKEMAKE --resources=gpus=\d+ figures/table4.md",
+                        proc.stdout.splitlines()[-2]), proc.stdout
