@@ -248,21 +248,61 @@ def test_script_and_wheels_are_valid_bash():
         assert os.access(REPO / script, os.X_OK)
 
 
+def _tree_copy(dest):
+    """What ``scripts/gpu_check.sh`` needs of the tree, copied to ``dest``, and the environment
+    to run it there with this interpreter as its ``python3``."""
+    import shutil
+
+    for path in ("Snakefile", "workflow", "configs", "slapo", "slapo_ae", "scripts"):
+        if (REPO / path).is_dir():
+            shutil.copytree(REPO / path, dest / path,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / path, dest / path)
+    run_env = {k: v for k, v in env().items() if k not in ("PYTHONPATH", "OUT")}
+    run_env["PATH"] = f"{os.path.dirname(sys.executable)}:{run_env['PATH']}"
+    return run_env
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_model_part_runs_from_the_script_and_packs_what_comes_back(tmp_path):
+    """A model part through ``scripts/gpu_check.sh`` on CPU ranks (a cfg of two bert-tiny cases
+    in a copy of the tree, the run options passed on): records, summary, profiles, and for the
+    device tool's ``$OUT`` the tarball of the results without the traces, the traces' own
+    tarball, and the summary."""
+    import tarfile
+
+    run_env = _tree_copy(tmp_path)
+    (tmp_path / "configs" / "gpu_check" / "tiny.cfg").write_text(
+        "slapo-megatron bert-tiny 1 16 0 2 0\nhf-sdpa bert-tiny 1 16 0 2 0\n")
+    back = tmp_path / "back"
+    back.mkdir()
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "tiny", "out/tiny", "--device", "cpu",
+                           "--dtype", "fp32", "--steps", "3", "--warmup", "1"],
+                          cwd=tmp_path, env={**run_env, "OUT": str(back)}, capture_output=True,
+                          text=True, timeout=800)
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: a FAIL
+    assert "part tiny:" in proc.stdout and "no GPU" in proc.stdout
+    assert sorted(p.name for p in back.iterdir()) == ["tiny-summary.md", "tiny-traces.tgz",
+                                                       "tiny.tgz"]
+    with tarfile.open(back / "tiny.tgz") as tar:
+        names = tar.getnames()
+    case = "slapo-megatron__bert-tiny__g1__s16__b2__c0"
+    assert f"tiny/{case}.json" in names and "tiny/summary.md" in names
+    assert f"tiny/profiles/{case}/rank0.ops.json" in names
+    assert not any(name.endswith(".trace.json") for name in names)
+    with tarfile.open(back / "tiny-traces.tgz") as tar:
+        assert tar.getnames() == [f"tiny/profiles/{case}/rank0.trace.json"]
+
+
 @pytest.mark.slow
 def test_the_workflow_part_runs_snakemake_with_its_targets(tmp_path):
     """Part ``workflow``, dry (``-n``, passed on to Snakemake) on a copy of the tree: both of its
     Snakemake runs plan their jobs. (The part had never run: ``--resources gpus=1`` before the
     targets took them for resources, and Snakemake stopped at once.)"""
-    import shutil
-
-    for path in ("Snakefile", "workflow", "configs", "slapo", "slapo_ae", "scripts"):
-        copy = shutil.copytree if (REPO / path).is_dir() else shutil.copy
-        copy(REPO / path, tmp_path / path,
-             **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree
-                else {}))
+    run_env = _tree_copy(tmp_path)
     out = tmp_path / "out"
-    run_env = {k: v for k, v in env().items() if k not in ("PYTHONPATH", "OUT")}
-    run_env["PATH"] = f"{os.path.dirname(sys.executable)}:{run_env['PATH']}"  # its python3
     proc = subprocess.run(["bash", "scripts/gpu_check.sh", "workflow", str(out), "-n"],
                           cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
