@@ -130,7 +130,8 @@ def judge_model(records: dict, model: str) -> list[Verdict]:
         out.append(Verdict(model, "T1", "PASS" if speedup >= T1_MIN_SPEEDUP else "FAIL",
                            speedup, T1_MIN_SPEEDUP,
                            f"slapo-megatron {slapo_tp.metrics.samples_per_s:.4g} samples/s "
-                           f"against best baseline {best} (baselines: {rates})"))
+                           f"against best baseline {best} (baselines: {rates})"
+                           + _ratio_range(slapo_tp, baselines[best])))
     out.append(_judge_t2(records, model))
     threshold = t3_min_mfu(model)
     mfus = {m: r.metrics.mfu for m in SLAPO_MODES
@@ -145,6 +146,17 @@ def judge_model(records: dict, model: str) -> list[Verdict]:
                            mfus[best], threshold, f"best Slapo system: {best}"))
     out.append(_judge_losses(records, model))
     return out
+
+
+def _ratio_range(a, b) -> str:
+    """The ratio of ``a``'s samples/s to ``b``'s over their timed steps' interquartile ranges
+    (``a``'s first quartile against ``b``'s third, and the other way round): how far one run's
+    step-to-step spread could move the verdict. Empty where a record has no spread."""
+    sa, sb = a.metrics.spread, b.metrics.spread
+    if not sa or not sb or not sb.get("q1") or not sb.get("q3"):
+        return ""
+    return (f"; over the steps' interquartile ranges {sa['q1'] / sb['q3']:.2f}x to "
+            f"{sa['q3'] / sb['q1']:.2f}x")
 
 
 def _peak(record) -> int:
@@ -162,9 +174,9 @@ def _judge_t2(records: dict, model: str) -> Verdict:
     passed = speedup >= T2_MIN_SPEEDUP and memory <= 1.0
     return Verdict(model, "T2", "PASS" if passed else "FAIL", speedup, T2_MIN_SPEEDUP,
                    f"slapo-deepspeed {slapo_ds.metrics.samples_per_s:.4g} against deepspeed "
-                   f"{ds.metrics.samples_per_s:.4g} samples/s; peak memory "
-                   f"{_peak(slapo_ds) / 2**30:.1f} against {_peak(ds) / 2**30:.1f} GiB "
-                   f"({memory:.2f}x, at most 1.00x)")
+                   f"{ds.metrics.samples_per_s:.4g} samples/s{_ratio_range(slapo_ds, ds)}; "
+                   f"peak memory {_peak(slapo_ds) / 2**30:.1f} against "
+                   f"{_peak(ds) / 2**30:.1f} GiB ({memory:.2f}x, at most 1.00x)")
 
 
 def _judge_losses(records: dict, model: str) -> Verdict:

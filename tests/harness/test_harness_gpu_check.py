@@ -58,6 +58,18 @@ def test_targets_fail_below_their_thresholds():
     assert v["T3"].verdict == "FAIL" and v["T3"].value == 0.39  # the better Slapo system
 
 
+def test_speedups_state_the_range_the_steps_spread_allows():
+    """One run each: T1 and T2 say what the timed steps' interquartile ranges give, so that a
+    PASS by a thin margin reads as one."""
+    slapo, best = rec("slapo-megatron", 330), rec("hf-compile", 300)
+    slapo.metrics.spread = {"q1": 320.0, "q3": 336.0}
+    best.metrics.spread = {"q1": 296.0, "q3": 305.0}
+    v = verdicts(slapo, rec("hf-sdpa", 250), best, rec("hf-liger", status="unsupported"),
+                 rec("megatron", 120), rec("slapo-deepspeed", 63), rec("deepspeed", 63))
+    assert v["T1"].detail.endswith("; over the steps' interquartile ranges 1.05x to 1.14x")
+    assert "interquartile" not in v["T2"].detail  # no spread recorded
+
+
 def test_zero3_must_not_take_more_memory_and_decoders_need_45_percent():
     v = verdicts(rec("slapo-deepspeed", 70, peak=2**30 + 1), rec("deepspeed", 63))
     assert v["T2"].verdict == "FAIL" and "(1.00x, at most 1.00x)" in v["T2"].detail
