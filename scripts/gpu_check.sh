@@ -15,8 +15,8 @@
 # prepares them) are installed first, into a folder of their own, for machines that cannot reach
 # a package index. Outputs go to OUT_FOLDER (default results/reference/<gpu>/<PART>); where $OUT
 # is set (the device tool), a tarball of them, one of the profiles' traces, and the summary are
-# copied there. Set
-# SLAPO_AE_GIT_COMMIT to the commit the tree was copied from when it travels without .git.
+# copied there. Set SLAPO_AE_GIT_COMMIT to the commit the tree was copied from when it travels
+# without .git. Without a GPU the script still runs, as a check of itself (docs/gpu.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 part=${1:?usage: scripts/gpu_check.sh PART [OUT_FOLDER] [options]; PART: bert, gpt-neo, opt, llama, workflow}
