@@ -53,6 +53,12 @@ if [[ $part == workflow ]]; then
   # first the records, CSVs and figures; then, in what is left of the part's 7 minutes, the
   # rest of the DAG (the back-to-back recheck, the gaps profile and the claims). Targets come
   # before the options: --resources and --config take every word that follows them.
+  # The rules run `python`; on the device machines only `python3` is sure to be the one with
+  # PyTorch, so `python` is made to run it (a script: a link would lose its virtual env).
+  shim=$(mktemp -d)
+  printf '#!/bin/sh\nexec "%s" "$@"\n' "$(command -v python3)" > "$shim/python"
+  chmod +x "$shim/python"
+  export PATH="$shim:$PATH"
   smk=(python3 -m snakemake)
   options=(--workflow-profile workflow/profiles/default --cores all --resources gpus=1
            --config profile=gpu-smoke)
