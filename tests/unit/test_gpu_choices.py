@@ -212,6 +212,34 @@ def test_cuda_schedule_compiles_each_layer_and_keeps_linears_whole():
     assert not any(state.is_compiled(m) for m in cpu.modules())
 
 
+@pytest.mark.parametrize("name, masks", [("bert-tiny", [None]), ("llama-tiny", [None]),
+                                         ("opt-tiny", [None]), ("gpt-neo-tiny", [None, "local"])])
+def test_unpadded_batches_reach_sdpa_without_a_mask(monkeypatch, name, masks):
+    """Where nothing is padded the schedule's attention calls SDPA with no mask (causal by
+    ``is_causal``), which lets CUDA pick its flash or cuDNN kernel: the model drops an all-ones
+    mask in its eager forward, before the (compiled) layers. GPT-Neo's local layers keep their
+    window's mask. (The HF model under torch.compile passes SDPA a written-out mask instead:
+    inside a traced graph it cannot look at the mask's values; seen here on CPU.)"""
+    import torch.nn.functional as F
+
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recorder(query, key, value, attn_mask=None, **kwargs):
+        calls.append("local" if attn_mask is not None else None)
+        return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    model = build_model(name).eval()  # no dropout: SDPA on CPU too
+    schedule_model(slapo.create_schedule(model), tensor_parallel=False, kernel_opt=True,
+                   device="cpu")
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recorder)
+    from slapo_ae.zoo import synthetic_batch
+
+    with torch.no_grad():
+        model(**synthetic_batch(model.config, 2, 16, 0, seed=0))
+    assert sorted(set(calls), key=str) == masks, calls
+
+
 def test_cuda_schedule_compiles_the_loss_and_berts_head_transform():
     from slapo import state
     from slapo.op.cross_entropy import compiled_output_loss
