@@ -240,6 +240,30 @@ def test_unpadded_batches_reach_sdpa_without_a_mask(monkeypatch, name, masks):
     assert sorted(set(calls), key=str) == masks, calls
 
 
+def test_hf_compile_passes_sdpa_a_written_out_mask():
+    """What the schedules have over ``hf-compile`` in attention, kept true: under
+    torch.compile, the HF model (SDPA attention) hands SDPA a mask even where nothing is
+    padded, which rules its flash kernel out. (A fact of transformers, checked so that
+    docs/gpu.md does not go stale.)"""
+    masks = []
+
+    def backend(graph_module, inputs):
+        masks.extend(node.kwargs.get("attn_mask") is not None for node in graph_module.graph.nodes
+                     if node.target is torch.nn.functional.scaled_dot_product_attention)
+        return graph_module.forward
+
+    from slapo_ae.zoo import synthetic_batch
+
+    model = build_model("bert-tiny", attn_implementation="sdpa").eval()
+    try:
+        with torch.no_grad():
+            torch.compile(model, backend=backend)(**synthetic_batch(model.config, 2, 16, 0,
+                                                                    seed=0))
+    finally:
+        torch._dynamo.reset()  # no compiled entry of BERT's code left for later tests
+    assert masks and all(masks), masks
+
+
 def test_cuda_schedule_compiles_the_loss_and_berts_head_transform():
     from slapo import state
     from slapo.op.cross_entropy import compiled_output_loss
