@@ -19,7 +19,7 @@ from slapo_ae.case import Case
 from slapo_ae.harness.runspec import RunSpec
 from slapo_ae.harness.systems import base, support
 from slapo_ae.harness.systems.support import Unsupported
-from slapo_ae.zoo import build_model
+from slapo_ae.zoo import build_model, synthetic_batch
 
 
 def _spec(mode="eager", model="llama-tiny", device="cpu", dtype="fp32", **fields):
@@ -148,7 +148,6 @@ def test_megatron_fusions_by_family():
 
 def _megatron_losses(model: str, fused: bool) -> list[float]:
     from slapo_ae.harness.systems.megatron import MegatronSystem, cuda_fusions
-    from slapo_ae.zoo import synthetic_batch
 
     class FusedOnCPU(MegatronSystem):
         def fusions(self):  # the CUDA path's fields, on CPU
@@ -219,7 +218,7 @@ def test_unpadded_batches_reach_sdpa_without_a_mask(monkeypatch, name, masks):
     ``is_causal``), which lets CUDA pick its flash or cuDNN kernel: the model drops an all-ones
     mask in its eager forward, before the (compiled) layers. GPT-Neo's local layers keep their
     window's mask. (The HF model under torch.compile passes SDPA a written-out mask instead:
-    inside a traced graph it cannot look at the mask's values; seen here on CPU.)"""
+    the next test.)"""
     import torch.nn.functional as F
 
     calls = []
@@ -233,8 +232,6 @@ def test_unpadded_batches_reach_sdpa_without_a_mask(monkeypatch, name, masks):
     schedule_model(slapo.create_schedule(model), tensor_parallel=False, kernel_opt=True,
                    device="cpu")
     monkeypatch.setattr(F, "scaled_dot_product_attention", recorder)
-    from slapo_ae.zoo import synthetic_batch
-
     with torch.no_grad():
         model(**synthetic_batch(model.config, 2, 16, 0, seed=0))
     assert sorted(set(calls), key=str) == masks, calls
@@ -251,8 +248,6 @@ def test_hf_compile_passes_sdpa_a_written_out_mask():
         masks.extend(node.kwargs.get("attn_mask") is not None for node in graph_module.graph.nodes
                      if node.target is torch.nn.functional.scaled_dot_product_attention)
         return graph_module.forward
-
-    from slapo_ae.zoo import synthetic_batch
 
     model = build_model("bert-tiny", attn_implementation="sdpa").eval()
     try:
