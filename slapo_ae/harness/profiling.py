@@ -68,10 +68,10 @@ class StepProfiler:
         (out / f"rank{self.rank}.txt").write_text(averages.table(sort_by=sort,
                                                                   row_limit=TABLE_ROWS))
         self.prof.export_chrome_trace(str(out / f"rank{self.rank}.trace.json"))
+        table = operators(averages, self.cuda)
         (out / f"rank{self.rank}.ops.json").write_text(json.dumps(
-            {"steps": self.steps, "wall_us": wall_us, **operators(averages, self.cuda)},
-            indent=1))
-        return summarize(averages, wall_us, self.cuda)
+            {"steps": self.steps, "wall_us": wall_us, **table}, indent=1))
+        return summarize(averages, wall_us, table)
 
 
 def _on_cpu(event) -> bool:
@@ -100,9 +100,10 @@ def operators(averages, cuda: bool) -> dict:
     return {"ops": ops, "device_us": sum(e.self_device_time_total for e in kernels)}
 
 
-def summarize(averages, wall_us: float, cuda: bool = False) -> dict:
+def summarize(averages, wall_us: float, table: dict) -> dict:
     """Profiled wall time, collectives' self CPU time, and the top operators (microseconds):
-    by self CPU time, and on CUDA also by the device time of the kernels each launched."""
+    by self CPU time, and on CUDA (``table``, :func:`operators`' answer, has ``device_us``)
+    also by the device time of the kernels each launched."""
     rows = sorted((e for e in averages if _on_cpu(e)), key=lambda e: e.self_cpu_time_total,
                   reverse=True)
     collective = sum(e.self_cpu_time_total for e in rows if COLLECTIVE.search(e.key))
@@ -113,8 +114,7 @@ def summarize(averages, wall_us: float, cuda: bool = False) -> dict:
         "top_ops": [{"op": e.key, "calls": e.count, "self_cpu_us": round(e.self_cpu_time_total)}
                     for e in rows[:TOP_OPS]],
     }
-    if cuda:
-        table = operators(averages, cuda)
+    if "device_us" in table:
         summary["device_us"] = round(table["device_us"])
         top = sorted(table["ops"].items(), key=lambda kv: kv[1]["self_device_us"], reverse=True)
         summary["top_device_ops"] = [{"op": name, "calls": op["calls"],

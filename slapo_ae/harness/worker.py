@@ -148,7 +148,7 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
     profiler = StepProfiler(spec.profile_dir, ctx.rank,
                             steps if spec.profile_after else spec.case.warmup, cuda)
     losses, times = [], []
-    sample_at, memory = memory_sample_steps(spec.case.steps, spec.case.warmup), []
+    sample_at, memory = memory_sample_steps(steps, spec.case.warmup), []
     for step in range(steps):
         for _ in range(sample_at[:-1].count(step)):  # (the first two coincide at 1 timed step)
             memory.append(memory_in_use_bytes(ctx.device))

@@ -36,7 +36,7 @@ def test_cuda_time_is_counted_once_by_kernel_and_shared_out_by_operator():
     assert table["ops"]["aten::mm"] == {"calls": 4, "self_cpu_us": 40, "self_device_us": 900,
                                         "flops": 10**9}
     assert sum(op["self_device_us"] for op in table["ops"].values()) == table["device_us"]
-    summary = summarize(EVENTS, wall_us=2000, cuda=True)
+    summary = summarize(EVENTS, wall_us=2000, table=table)
     assert summary["device_us"] == 1250 and summary["self_cpu_us"] == 68
     assert [op["op"] for op in summary["top_device_ops"]][:3] == [
         "aten::mm", "aten::_fused_adamw_", "triton_poi_fused_add_gelu_0"]
@@ -46,4 +46,4 @@ def test_cpu_profiles_keep_their_shape():
     cpu = [e for e in EVENTS if e.device_type == DeviceType.CPU]
     table = operators(cpu, cuda=False)
     assert set(table) == {"ops"} and "self_device_us" not in table["ops"]["aten::mm"]
-    assert "top_device_ops" not in summarize(cpu, wall_us=100)
+    assert "top_device_ops" not in summarize(cpu, wall_us=100, table=table)
