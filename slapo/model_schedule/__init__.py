@@ -23,7 +23,9 @@ Options (each family honours all of them):
                    LM head with it (tied or not); the loss is then the vocabulary-parallel cross
                    entropy (``slapo.op.vocab_parallel_cross_entropy``) on sharded logits: the
                    output's ``.loss`` is the full loss, its ``.logits`` this rank's vocabulary
-                   slice. WideResNet has no embedding.
+                   slice. A vocabulary the ranks do not divide is padded first
+                   (``shard(pad=True)``), and the loss leaves the padded words out.
+                   WideResNet has no embedding.
   kernel_opt       attention through ``scaled_dot_product_attention`` (``slapo.op``; GPT-Neo's
                    attention core is replaced, the others use transformers' attention
                    interface), dropout whose mask is drawn the way that is fast on the device
@@ -36,7 +38,10 @@ Options (each family honours all of them):
                    found and replaced by ``slapo.op.bias_gelu``, one GeLU op that is faster
                    than the uncompiled formula on CPU;
                    GPT-2 ``mlp.c_fc``, a Conv1D: ``slapo.op.Conv1DGeLU``); OPT, T5 and LLaMA
-                   have no GeLU after a biased linear, WideResNet nothing to replace. (GPT-2
+                   have no GeLU after a biased linear, WideResNet nothing to replace; and the
+                   LM head of a vocabulary that is no multiple of 8 words (BERT, RoBERTa,
+                   GPT-Neo, GPT-2) multiplies on rows padded to a multiple of 128 on CUDA
+                   (``slapo.op.PaddedLinear``: cuBLAS's fast kernels need aligned rows). (GPT-2
                    with tensor_parallel computes its attention through SDPA in any case, see
                    ``gpt2.py``.)
   ckpt_ratio       checkpoint the first ``round(ratio * layers)`` layers (Python's round; T5

@@ -20,6 +20,7 @@ from ..op import (
     gelu_approximation,
     register_hf_core_attention,
     use_device_dropout,
+    use_padded_vocab,
     use_sdpa,
     vocab_parallel_loss,
 )
@@ -32,6 +33,7 @@ def schedule(sch, opts) -> None:
     if opts.kernel_opt:
         use_sdpa(sch)  # attention on SDPA
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
+        use_padded_vocab(sch)  # the LM head's matmuls on aligned shapes (CUDA)
         for layer in layers:
             _fuse_conv1d_gelu(layer["mlp.c_fc"], layer["mlp.act"])
     if opts.tensor_parallel and sch.world_size > 1:
@@ -51,9 +53,9 @@ def schedule(sch, opts) -> None:
             mlp["c_proj"].shard("weight", axis=0)
             mlp["c_proj"].sync("fwd_post", "all_reduce")
         if opts.shard_embedding and hasattr(sch.mod, "lm_head"):
-            sch[f"{base}wte"].shard("weight", axis=0)
+            sch[f"{base}wte"].shard("weight", axis=0, pad=True)
             sch[f"{base}wte"].sync("fwd_post", "all_reduce")
-            sch["lm_head"].shard("weight", axis=0)  # tied: already sharded
+            sch["lm_head"].shard("weight", axis=0, pad=True)  # tied: done
             sch["lm_head"].sync("bwd_post", "all_reduce")
             vocab_parallel_loss(sch, "causal")
     checkpoint_layers(layers, opts.ckpt_ratio)

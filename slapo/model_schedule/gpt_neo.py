@@ -7,7 +7,14 @@ import math
 
 import torch
 
-from ..op import bias_gelu, compiled_loss, use_device_dropout, use_sdpa, vocab_parallel_loss
+from ..op import (
+    bias_gelu,
+    compiled_loss,
+    use_device_dropout,
+    use_padded_vocab,
+    use_sdpa,
+    vocab_parallel_loss,
+)
 from . import checkpoint_layers
 from .common import sdpa_gpt_neo
 
@@ -29,6 +36,7 @@ def schedule(sch, opts) -> None:
     if opts.kernel_opt:
         use_sdpa(sch)
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
+        use_padded_vocab(sch)  # the LM head's matmuls on aligned shapes (CUDA)
         if opts.compile_layers:
             compiled_loss(sch, "causal")  # the loss in one Inductor region
         for layer in layers:
@@ -57,9 +65,9 @@ def schedule(sch, opts) -> None:
             mlp["c_proj"].shard("weight", axis=1)
             mlp["c_proj"].sync("fwd_post", "all_reduce")
         if opts.shard_embedding:
-            sch["transformer.wte"].shard("weight", axis=0)
+            sch["transformer.wte"].shard("weight", axis=0, pad=True)
             sch["transformer.wte"].sync("fwd_post", "all_reduce")
-            sch["lm_head"].shard("weight", axis=0)  # tied: already sharded
+            sch["lm_head"].shard("weight", axis=0, pad=True)  # tied: done
             sch["lm_head"].sync("bwd_post", "all_reduce", overlap=[""])
             vocab_parallel_loss(sch, "causal")
     checkpoint_layers(layers, opts.ckpt_ratio)

@@ -32,9 +32,9 @@ def schedule(sch, opts) -> None:
             mlp["down_proj"].shard("weight", axis=1)
             mlp["down_proj"].sync("fwd_post", "all_reduce")
         if opts.shard_embedding:
-            sch["model.embed_tokens"].shard("weight", axis=0)
+            sch["model.embed_tokens"].shard("weight", axis=0, pad=True)
             sch["model.embed_tokens"].sync("fwd_post", "all_reduce")
-            sch["lm_head"].shard("weight", axis=0)
+            sch["lm_head"].shard("weight", axis=0, pad=True)
             sch["lm_head"].sync("bwd_post", "all_reduce", overlap=[""])
             vocab_parallel_loss(sch, "causal")
     checkpoint_layers(layers, opts.ckpt_ratio)

@@ -30,9 +30,9 @@ def schedule(sch, opts) -> None:
             layer["fc2"].shard("weight", axis=1)
             layer["fc2"].sync("fwd_post", "all_reduce")
         if opts.shard_embedding:
-            sch["model.decoder.embed_tokens"].shard("weight", axis=0)
+            sch["model.decoder.embed_tokens"].shard("weight", axis=0, pad=True)
             sch["model.decoder.embed_tokens"].sync("fwd_post", "all_reduce")
-            sch["lm_head"].shard("weight", axis=0)  # tied: already sharded
+            sch["lm_head"].shard("weight", axis=0, pad=True)  # tied: done
             sch["lm_head"].sync("bwd_post", "all_reduce", overlap=[""])
             vocab_parallel_loss(sch, "causal")
     checkpoint_layers(layers, opts.ckpt_ratio)

@@ -3,7 +3,13 @@ kernels, then Megatron-style tensor parallelism, then activation checkpointing."
 
 from __future__ import annotations
 
-from ..op import compiled_loss, use_device_dropout, use_sdpa, vocab_parallel_loss
+from ..op import (
+    compiled_loss,
+    use_device_dropout,
+    use_padded_vocab,
+    use_sdpa,
+    vocab_parallel_loss,
+)
 from . import checkpoint_layers
 from .common import fuse_bias_gelu
 
@@ -14,6 +20,7 @@ def schedule(sch, opts) -> None:
     if opts.kernel_opt:
         use_sdpa(sch)  # attention on SDPA
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
+        use_padded_vocab(sch)  # the LM head's matmuls on aligned shapes (CUDA)
         if opts.compile_layers:  # Inductor regions: bias+GeLU, residual, LayerNorm; the loss
             for layer in layers:
                 layer.compile()
@@ -34,9 +41,9 @@ def schedule(sch, opts) -> None:
             layer["output.dense"].shard("weight", axis=1)
             layer["output.dense"].sync("fwd_post", "all_reduce")
         if opts.shard_embedding:
-            sch["roberta.embeddings.word_embeddings"].shard("weight", axis=0)
+            sch["roberta.embeddings.word_embeddings"].shard("weight", axis=0, pad=True)
             sch["roberta.embeddings.word_embeddings"].sync("fwd_post", "all_reduce")
-            sch["lm_head.decoder"].shard("weight", axis=0)  # tied: already sharded
+            sch["lm_head.decoder"].shard("weight", axis=0, pad=True)  # tied: done
             sch["lm_head.decoder"].sync("bwd_post", "all_reduce", overlap=[""])
             vocab_parallel_loss(sch, "masked")
     checkpoint_layers(layers, opts.ckpt_ratio)

@@ -44,9 +44,9 @@ def schedule(sch, opts) -> None:
         all_reduce_output_grad(sch["encoder"])
         if opts.shard_embedding:
             for path in ("encoder.embed_tokens", "decoder.embed_tokens"):  # tied: one weight
-                sch[path].shard("weight", axis=0)
+                sch[path].shard("weight", axis=0, pad=True)
                 sch[path].sync("fwd_post", "all_reduce")
-            sch["lm_head"].shard("weight", axis=0)
+            sch["lm_head"].shard("weight", axis=0, pad=True)
             sch["lm_head"].sync("bwd_post", "all_reduce", overlap=[""])
             vocab_parallel_loss(sch, "seq2seq")
     checkpoint_layers(blocks, opts.ckpt_ratio)

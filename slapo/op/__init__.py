@@ -13,6 +13,8 @@ device its tensors are on (``kernel_choices``).
 - ``dropout`` / ``Dropout`` / ``use_device_dropout``: ``dropout.py``
 - ``vocab_parallel_cross_entropy`` / ``vocab_parallel_loss``, and the same loss compiled on
   unsharded logits, ``compiled_cross_entropy`` / ``compiled_loss``: ``cross_entropy.py``
+- ``padded_linear`` / ``PaddedLinear`` / ``use_padded_vocab`` (the vocabulary projection's
+  products on aligned shapes, CUDA): ``linear.py``
 - upstream Slapo's names: ``FusedQKV``, ``FusedMLP``, ``LinearWithSeparateBias``,
   ``LinearWithSyncFunc``, ``ParallelCrossEntropy``, ``Print``: ``upstream.py``
 """
@@ -33,6 +35,12 @@ from .gelu import (
     compiled_kernel_state,
     gelu_approximation,
     kernel_compiler,
+)
+from .linear import (
+    PaddedLinear,
+    padded_linear,
+    use_padded_vocab,
+    vocab_projection_kernel,
 )
 from .sdpa import (
     SLAPO_ATTENTION,
@@ -58,13 +66,14 @@ from .upstream import (
 
 __all__ = ["Conv1DGeLU", "CoreAttention", "Dropout", "FlashAttention", "FusedMLP", "FusedQKV",
            "LOSS_KINDS", "LinearGeLU", "LinearWithSeparateBias", "LinearWithSyncFunc",
-           "ParallelCrossEntropy", "Print", "SLAPO_ATTENTION", "SLAPO_CORE_ATTENTION",
-           "attention", "bias_gelu", "bias_gelu_kernel", "compiled_cross_entropy",
-           "compiled_kernel_state", "compiled_loss", "dropout", "dropout_kernel",
-           "gelu_approximation", "hf_attention_forward", "hf_core_attention_forward",
-           "kernel_choices", "kernel_compiler", "math_attention", "merge_masks",
-           "register_hf_attention", "register_hf_core_attention", "use_device_dropout",
-           "use_sdpa", "vocab_parallel_cross_entropy", "vocab_parallel_loss"]
+           "PaddedLinear", "ParallelCrossEntropy", "Print", "SLAPO_ATTENTION",
+           "SLAPO_CORE_ATTENTION", "attention", "bias_gelu", "bias_gelu_kernel",
+           "compiled_cross_entropy", "compiled_kernel_state", "compiled_loss", "dropout",
+           "dropout_kernel", "gelu_approximation", "hf_attention_forward",
+           "hf_core_attention_forward", "kernel_choices", "kernel_compiler", "math_attention",
+           "merge_masks", "padded_linear", "register_hf_attention", "register_hf_core_attention",
+           "use_device_dropout", "use_padded_vocab", "use_sdpa", "vocab_parallel_cross_entropy",
+           "vocab_parallel_loss", "vocab_projection_kernel"]
 
 
 def __getattr__(name: str):

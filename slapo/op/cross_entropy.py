@@ -14,7 +14,9 @@ gradient; each rank writes its own vocabulary slice (in the saved softmax buffer
 through this loss supports one backward). Targets equal to ``ignore_index`` give
 loss 0 and zero gradient, and the mean is taken over the other tokens, as
 ``F.cross_entropy(..., ignore_index=-100)`` does. Computation is in float32 (like HF's losses).
-With world size 1 (or no process group) it is a plain cross entropy.
+With world size 1 (or no process group) it is a plain cross entropy. Given ``vocab_size``, the
+logits of ids past it (a vocabulary padded so that the ranks divide it, ``shard(pad=True)``)
+are left out: as if they were -inf, so they get no probability and no gradient.
 
 Also here: the same loss on unsharded logits compiled into one region
 (``compiled_cross_entropy``, ``compiled_loss``), the kernel path's loss on CUDA.
@@ -45,12 +47,15 @@ def _all_reduce(x: torch.Tensor, op, group, world: int) -> torch.Tensor:
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, group):
+    def forward(ctx, logits, target, ignore_index, group, vocab_size):
         world, rank = _world_and_rank(group)
         ctx.dtype = logits.dtype
         logits = logits.float()
         part = logits.shape[-1]
         start = rank * part
+        if vocab_size is not None and start + part > vocab_size:  # padding: no such words
+            padding = torch.arange(start, start + part, device=logits.device) >= vocab_size
+            logits = logits.masked_fill(padding, float("-inf"))
         # 1. global max, for a stable log-sum-exp
         gmax = _all_reduce(logits.max(dim=-1).values, dist.ReduceOp.MAX, group, world)
         shifted = logits - gmax.unsqueeze(-1)
@@ -75,19 +80,22 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         rows = owned.nonzero(as_tuple=True)
         grad[rows + (local[rows],)] -= 1.0
         grad.mul_((grad_loss * valid).unsqueeze(-1))
-        return grad.to(ctx.dtype), None, None, None
+        return grad.to(ctx.dtype), None, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group=None,
-                                 ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+                                 ignore_index: int = -100, reduction: str = "mean",
+                                 vocab_size: int | None = None) -> torch.Tensor:
     """Cross entropy of ``logits`` (``[..., V/p]``, this rank's vocabulary slice) against
     ``target`` (``[...]``, global ids). ``reduction``: ``"mean"`` over non-ignored tokens,
-    ``"sum"``, or ``"none"`` (per token, 0 where ignored). The result is the same on every rank.
+    ``"sum"``, or ``"none"`` (per token, 0 where ignored). ``vocab_size``: the words there
+    are, where the ranks' slices hold padding past them (left out of the softmax). The result
+    is the same on every rank.
     """
     if logits.shape[:-1] != target.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and target {tuple(target.shape)} "
                          "disagree outside the vocabulary axis")
-    losses = _VocabParallelCrossEntropy.apply(logits, target, ignore_index, group)
+    losses = _VocabParallelCrossEntropy.apply(logits, target, ignore_index, group, vocab_size)
     if reduction == "none":
         return losses
     if reduction == "sum":
@@ -120,13 +128,14 @@ def _logits_and_target(output, target: torch.Tensor, kind: str):
 
 
 def vocab_parallel_output_loss(output, target: torch.Tensor, kind: str = "causal",
-                               group=None) -> torch.Tensor:
+                               group=None, vocab_size: int | None = None) -> torch.Tensor:
     """The loss ``vocab_parallel_loss`` computes, from the model's output and its labels: the
     ``loss_fn(output, target)`` of a pipeline's last stage once ``trace`` took that loss out of
     the model's forward. ``output``: the (vocabulary-sharded) logits, or a tuple holding them
-    first, or a dict holding them as ``"logits"``; ``kind`` ``"causal"`` or ``"masked"``."""
+    first, or a dict holding them as ``"logits"``; ``kind`` ``"causal"`` or ``"masked"``;
+    ``vocab_size`` as :func:`vocab_parallel_cross_entropy`'s."""
     logits, target = _logits_and_target(output, target, kind)
-    return vocab_parallel_cross_entropy(logits, target, group)
+    return vocab_parallel_cross_entropy(logits, target, group, vocab_size=vocab_size)
 
 
 def _cross_entropy_fp32(logits: torch.Tensor, target: torch.Tensor,
@@ -196,14 +205,28 @@ def vocab_parallel_loss(sch, kind: str) -> None:
     ``"causal"`` (token ``t`` predicts label ``t+1``, as HF's causal-LM loss),
     ``"masked"`` (each token predicts its own label, as HF's MLM loss),
     ``"seq2seq"`` (T5: decoder inputs made from the labels with ``model._shift_right``).
-    Labels equal to -100 are ignored.
+    Labels equal to -100 are ignored. A vocabulary padded so that the ranks divide it
+    (``shard(pad=True)`` of the LM head's weight) is read from the head's shard spec, and the
+    padded words are left out of the loss.
 
     Tracing the root afterwards (``trace`` at the root, for a pipeline) traces the model's own
     forward, without this wrapper: the traced model returns the sharded logits, and
     ``build(target="pipeline")`` computes this loss on its last stage
     (:func:`vocab_parallel_output_loss`; ``"causal"`` and ``"masked"``).
     """
-    _loss_at_root(sch, kind, functools.partial(vocab_parallel_output_loss, group=sch.group))
+    _loss_at_root(sch, kind, functools.partial(vocab_parallel_output_loss, group=sch.group,
+                                               vocab_size=real_vocab_size(sch.mod)))
+
+
+def real_vocab_size(model) -> int | None:
+    """The words of ``model``'s LM head where its vocabulary shard is padded past them
+    (``shard(pad=True)``), else None: nothing to leave out."""
+    from ..primitives.shard import shard_spec
+
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    spec = shard_spec(head.weight) if head is not None else None
+    return spec.full_shape[0] if spec is not None and spec.padded else None
 
 
 def compiled_loss(sch, kind: str) -> None:

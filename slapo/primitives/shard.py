@@ -21,11 +21,20 @@ class ShardSpec:
 
     ``parts``: the axis is made of that many equal blocks (the q, k and v columns of a fused
     projection), each split across the ranks; a rank holds its slice of every block, in order.
+    ``padded``: zero entries appended to the axis before it was split (``shard(pad=True)``),
+    so that the ranks divide it; the last rank(s) hold them, and the full tensor leaves
+    them out.
     """
     axis: int
     world_size: int
     full_shape: tuple[int, ...]
     parts: int = 1
+    padded: int = 0
+
+    @property
+    def local_size(self) -> int:
+        """The length of the axis on each rank."""
+        return (self.full_shape[self.axis] + self.padded) // self.world_size
 
 
 def shard_spec(param: torch.Tensor) -> ShardSpec | None:
@@ -35,6 +44,10 @@ def shard_spec(param: torch.Tensor) -> ShardSpec | None:
 
 def local_slice(full: torch.Tensor, spec: ShardSpec, rank: int) -> torch.Tensor:
     """Rank ``rank``'s slice of the full-shape tensor ``full`` (a view where it can be)."""
+    if spec.padded:
+        shape = list(full.shape)
+        shape[spec.axis] = spec.padded
+        full = torch.cat([full, full.new_zeros(shape)], dim=spec.axis)
     blocks = full.chunk(spec.parts, dim=spec.axis)
     mine = [block.chunk(spec.world_size, dim=spec.axis)[rank] for block in blocks]
     return mine[0] if spec.parts == 1 else torch.cat(mine, dim=spec.axis)
@@ -44,6 +57,8 @@ def full_layout(gathered: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
     """The full tensor from the ranks' slices concatenated in rank order along the axis
     (what an all-gather gives): with ``parts`` blocks, each rank's slice of block 0 comes
     first, then of block 1, and so on."""
+    if spec.padded:
+        return gathered.narrow(spec.axis, 0, spec.full_shape[spec.axis])
     if spec.parts == 1:
         return gathered
     x = gathered.movedim(spec.axis, 0)
@@ -53,7 +68,8 @@ def full_layout(gathered: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
 
 
 @register_primitive()
-def shard(sch, param_names: str | list[str], axis: int, *, parts: int = 1) -> None:
+def shard(sch, param_names: str | list[str], axis: int, *, parts: int = 1,
+          pad: bool = False) -> None:
     """Keep only this rank's slice of each parameter in ``param_names`` along ``axis``.
 
     The module is adjusted so that it computes its part of the result:
@@ -78,13 +94,22 @@ def shard(sch, param_names: str | list[str], axis: int, *, parts: int = 1) -> No
     of its own heads (its bias follows with the same ``parts``). The shard spec records it, so
     ``build`` and ``slapo.verify`` map slices to the full tensor.
 
+    ``pad`` (keyword; default False): an axis the ranks do not divide is padded with zeros up
+    to the next multiple of the world size first, and the last rank(s) hold the padding (as
+    Megatron-LM pads a vocabulary, BERT's 30522 words on 4 ranks). It is meant for the
+    vocabulary: an embedding never looks up the padded ids, a column-parallel LM head gives
+    them logits that ``slapo.op.vocab_parallel_cross_entropy`` leaves out (it takes the
+    vocabulary's size from the head's shard spec), and so their gradients are zero. A Linear's
+    bias is padded with its weight. The spec records the padding: ``build``, gathering
+    (``slapo.verify``) and checkpoints give the parameter at its own shape. Not with ``parts``.
+
     Parameters tied to the sharded one (for example an LM head sharing the word-embedding
     weight) are replaced by the same new parameter, and their modules adjusted too, so tied
     weights stay tied. Annotations move to the new parameter. Sharding an already sharded
     parameter again along the same axis is a no-op.
 
     Raises ``ValueError``, naming the parameter, when the axis size does not divide by the
-    world size (times ``parts``).
+    world size (times ``parts``) and ``pad`` is not given.
 
     Example::
 
@@ -94,13 +119,16 @@ def shard(sch, param_names: str | list[str], axis: int, *, parts: int = 1) -> No
     if not isinstance(parts, int) or parts < 1:
         raise ValueError(f"shard at '{sch.path or '<root>'}': parts must be a positive integer, "
                          f"got {parts!r}")
+    if pad and parts > 1:
+        raise ValueError(f"shard at '{sch.path or '<root>'}': pad=True splits one range; it "
+                         f"cannot pad {parts} parts")
     names = [param_names] if isinstance(param_names, str) else list(param_names)
     for name in names:
-        _shard_param(sch, sch.mod, sch.path or "<root>", name, axis, parts)
+        _shard_param(sch, sch.mod, sch.path or "<root>", name, axis, parts, pad)
 
 
 def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int,
-                 parts: int = 1) -> None:
+                 parts: int = 1, pad: bool = False) -> None:
     param = module._parameters.get(name)
     if param is None:
         get_param(sch, name)  # raises the error that names the module's parameters
@@ -122,13 +150,15 @@ def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int,
         raise ValueError(f"cannot shard '{where}' along its vocabulary in {parts} parts: a "
                          "vocabulary-parallel embedding keeps one contiguous range of ids")
     world = sch.world_size
-    if param.shape[axis] % (world * parts):
+    padded = -param.shape[axis] % world if pad else 0
+    if (param.shape[axis] + padded) % (world * parts):
         split = f"in {parts} parts, each over {world} ranks" if parts > 1 else \
             f"over {world} ranks"
+        hint = "" if parts > 1 else " (a vocabulary: shard it with pad=True)"
         raise ValueError(f"cannot shard '{where}' of shape {tuple(param.shape)} along axis "
                          f"{axis} {split}: {param.shape[axis]} is not divisible by "
-                         f"{world * parts}")
-    spec = ShardSpec(axis, world, tuple(param.shape), parts)
+                         f"{world * parts}{hint}")
+    spec = ShardSpec(axis, world, tuple(param.shape), parts, padded)
     local = local_slice(param.detach(), spec, sch.rank)
     new = nn.Parameter(local.clone(memory_format=torch.contiguous_format),
                        requires_grad=param.requires_grad)
@@ -156,34 +186,34 @@ def _adjust_module(module: nn.Module, pname: str, spec: ShardSpec, sch, where: s
     """Make a known module type compute its part of the result with a sharded parameter."""
     if pname != "weight":
         return
-    axis, world = spec.axis, spec.world_size
+    axis, local = spec.axis, spec.local_size
     if _is_conv1d(module):
         if axis == 1:
-            module.nf //= world
-            _shard_bias(module, sch, where, spec.parts)
+            module.nf = local
+            _shard_bias(module, sch, where, spec)
         else:
-            module.nx //= world
+            module.nx = local
             _use_deferred_bias(module)
     elif isinstance(module, nn.Linear):
         if axis == 0:
-            module.out_features //= world
-            _shard_bias(module, sch, where, spec.parts)
+            module.out_features = local
+            _shard_bias(module, sch, where, spec)
         else:
-            module.in_features //= world
+            module.in_features = local
             if not state.has_row_parallel_forward(module):
                 _use_deferred_bias(module)
     elif isinstance(module, nn.modules.conv._ConvNd):
         if axis == 0:
-            module.out_channels //= world
-            _shard_bias(module, sch, where, spec.parts)
+            module.out_channels = local
+            _shard_bias(module, sch, where, spec)
         elif axis == 1:
-            module.in_channels //= world
+            module.in_channels = local
             _use_deferred_bias(module)
     elif isinstance(module, nn.Embedding):
         if axis == 0:
-            _make_vocab_parallel(module, world, sch.rank)
+            _make_vocab_parallel(module, local, sch.rank)
         else:
-            module.embedding_dim //= world
+            module.embedding_dim = local
 
 
 def _torch_base(module: nn.Module) -> type:
@@ -220,10 +250,12 @@ def _check_row_parallel(module: nn.Module, name: str, axis: int, where: str) -> 
             "first), or one without a bias")
 
 
-def _shard_bias(module: nn.Module, sch, weight_where: str, parts: int = 1) -> None:
+def _shard_bias(module: nn.Module, sch, weight_where: str, weight: ShardSpec) -> None:
+    """Shard the bias of output features as their weight was (its parts, its padding)."""
     bias = module._parameters.get("bias")
     if bias is not None:  # already sharded the same way: a no-op; otherwise: an error
-        _shard_param(sch, module, weight_where.rsplit(".", 1)[0], "bias", 0, parts)
+        _shard_param(sch, module, weight_where.rsplit(".", 1)[0], "bias", 0, weight.parts,
+                     pad=weight.padded > 0)
 
 
 def _use_deferred_bias(module: nn.Module) -> None:
@@ -238,8 +270,8 @@ def _use_deferred_bias(module: nn.Module) -> None:
     defer_bias(module)
 
 
-def _make_vocab_parallel(emb: nn.Embedding, world: int, rank: int) -> None:
-    part = emb.num_embeddings // world
+def _make_vocab_parallel(emb: nn.Embedding, part: int, rank: int) -> None:
+    """This rank looks up ids ``[rank * part, (rank + 1) * part)``; others give zeros."""
     start = rank * part
     padding_idx = emb.padding_idx
     local_padding = padding_idx - start if padding_idx is not None and \

@@ -21,7 +21,13 @@ the plain module's, which the TP tests check against the unsharded model.
 A linear takes part if it is an ``nn.Linear`` or a subclass whose forward is
 ``self.epilogue(F.linear(x, self.weight))`` and that says so with an ``epilogue`` method (the
 bias then stays with the epilogue, e.g. ``slapo.op.LinearGeLU``'s fused bias+GeLU, or a
-``decompose``d linear, whose bias the traced graph adds after it).
+``decompose``d linear, whose bias the traced graph adds after it), or one that computes
+``F.linear(x, self.weight, self.bias)`` on weight rows padded with zeros and says how many with
+a ``padding(x)`` method (``slapo.op.PaddedLinear``): the deferred products pad the same way.
+
+Under ``torch.autocast`` the deferred product computes in the autocast dtype, as ``F.linear``
+would: its input, weight and bias are cast before it (casts autograd differentiates, so the
+gradients reach the fp32 parameters in fp32) and the product itself runs with autocast off.
 """
 
 from __future__ import annotations
@@ -38,7 +44,12 @@ from .collectives import world_size
 
 def supports_overlap(mod: nn.Module) -> bool:
     """Whether ``mod`` can defer its weight gradient (see the module docstring)."""
-    return type(mod) is nn.Linear or (isinstance(mod, nn.Linear) and hasattr(mod, "epilogue"))
+    return _adds_own_bias(mod) or (isinstance(mod, nn.Linear) and hasattr(mod, "epilogue"))
+
+
+def _adds_own_bias(mod: nn.Module) -> bool:
+    """A linear whose product adds its bias: an ``nn.Linear``, or one that pads its rows."""
+    return type(mod) is nn.Linear or (isinstance(mod, nn.Linear) and hasattr(mod, "padding"))
 
 
 class PendingWeightGrads:
@@ -74,7 +85,7 @@ class PendingWeightGrads:
 
 
 def _bias_is_deferred(mod: nn.Module) -> bool:
-    return type(mod) is nn.Linear and mod.bias is not None
+    return _adds_own_bias(mod) and mod.bias is not None
 
 
 class _Overlap(torch.autograd.Function):
@@ -106,10 +117,12 @@ def _weight_grads(pending: PendingWeightGrads, grads: list) -> list:
     ``grads``, laid out as :meth:`PendingWeightGrads.params`."""
     for index, g, x in pending.pairs:
         weight, bias = pending.slots[index]
+        param = pending.linears[index].weight
+        rows = param.shape[0]  # g may hold zero columns past them (a padded product)
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
-        grads[weight] = _add(grads[weight], g2.t().mm(x2))
+        grads[weight] = _add(grads[weight], g2.t().mm(x2)[:rows].to(param.dtype))
         if bias is not None:
-            grads[bias] = _add(grads[bias], g2.sum(0))
+            grads[bias] = _add(grads[bias], g2.sum(0)[:rows].to(param.dtype))
     return grads
 
 
@@ -122,17 +135,33 @@ class _DeferredLinear(torch.autograd.Function):
     gradient pending (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, pending: PendingWeightGrads, index: int):
+    def forward(ctx, x, weight, bias, pending: PendingWeightGrads, index: int, pad: int):
+        if pad:  # zero rows, so that the products run on aligned shapes (PaddedLinear)
+            weight = F.pad(weight, (0, 0, 0, pad))
+            bias = None if bias is None else F.pad(bias, (0, pad))
         ctx.save_for_backward(x, weight)
-        ctx.pending, ctx.index = pending, index
-        return F.linear(x, weight, bias)
+        ctx.pending, ctx.index, ctx.pad = pending, index, pad
+        y = F.linear(x, weight, bias)
+        return y[..., :y.shape[-1] - pad] if pad else y
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
+        if ctx.pad:
+            grad = F.pad(grad, (0, ctx.pad))
         ctx.pending.pairs.append((ctx.index, grad, x))
         grad_x = grad.matmul(weight) if ctx.needs_input_grad[0] else None
-        return grad_x, None, None, None, None
+        return grad_x, None, None, None, None, None
+
+
+def _autocast_cast(x, weight, bias):
+    """The deferred product's operands in the dtype ``F.linear`` would compute in under the
+    autocast active for ``x``'s device (unchanged without one)."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(None if t is None else t.to(dtype) for t in (x, weight, bias))
 
 
 class MarkedInput:
@@ -169,8 +198,11 @@ def defer_weight_grad(mod: nn.Module) -> None:
         if views is None or args or kwargs:
             return plain(x, *args, **kwargs)
         index, weight, bias = views
-        y = _DeferredLinear.apply(x, weight, bias, mark.pending, index)
-        return y if type(mod) is nn.Linear else mod.epilogue(y)
+        pad = mod.padding(x) if hasattr(mod, "padding") else 0
+        x, weight, bias = _autocast_cast(x, weight, bias)
+        with torch.autocast(x.device.type, enabled=False):
+            y = _DeferredLinear.apply(x, weight, bias, mark.pending, index, pad)
+        return y if _adds_own_bias(mod) else mod.epilogue(y)
 
     mod.forward = forward
     state.mark_defers_weight_grad(mod)

@@ -45,7 +45,7 @@ def loss_and_logits(model, batch):
     logits = out.logits
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if vocab is not None and logits.shape[-1] != vocab:
-        logits = gather_sharded(logits, -1)
+        logits = gather_sharded(logits, -1)[..., :vocab]  # less a padded shard's padding
     return out.loss, logits
 
 

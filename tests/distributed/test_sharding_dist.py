@@ -83,7 +83,8 @@ def test_forward_collectives_and_world_size_errors():
                 assert report.output_error <= TOL, (name, step)
                 assert report.max_grad_error[1] <= TOL, (name, step, report.max_grad_error)
         assert errors["indivisible"] == ("cannot shard '<root>.weight' of shape (4, 5) along axis "
-                                         "1 over 2 ranks: 5 is not divisible by 2")
+                                         "1 over 2 ranks: 5 is not divisible by 2 (a vocabulary: "
+                                         "shard it with pad=True)")
         assert errors["annotation"] == {"tp": "row"}
         assert errors["local_shape"] == (8, 8)
         assert errors["orig_shape"] == (8, 16)

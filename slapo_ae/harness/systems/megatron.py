@@ -46,6 +46,11 @@ CUDA_FUSIONS = {"bias_dropout_fusion": True, "cross_entropy_loss_fusion": True}
 # Families whose MLP activation megatron fuses with its bias (bias_activation_fusion): GeLU
 # (fused as the tanh approximation: GPT-Neo's own, BERT's within 1e-3) and SwiGLU.
 FUSED_ACTIVATION = {"bert": "gelu", "gpt_neo": "gelu", "llama": "swiglu"}
+# Megatron-LM pads the vocabulary to a multiple of 128 x the tensor-parallel size
+# (--make-vocab-size-divisible-by, its default): megatron-core's vocabulary-parallel embedding
+# needs a vocabulary the ranks divide (BERT's 30522 on 4 ranks, GPT-Neo's 50257 on 2 would
+# stop it), and the LM head's matmuls then run on aligned shapes.
+VOCAB_DIVISIBLE_BY = 128
 SLOW_ATTENTION = ("megatron-core's attention here is its local DotProductAttention (no "
                   "Transformer Engine): it writes out the [b, heads, s, s] scores with an fp32 "
                   "softmax, where HF's SDPA runs a flash kernel")
@@ -65,6 +70,12 @@ def cuda_fusions(family: str) -> tuple[dict, str]:
     detail = {"gelu": " (gelu, as its tanh approximation)", "swiglu": " (swiglu)"}.get(act, "")
     return fields, (f"megatron-core fusions on CUDA (no Transformer Engine or Apex): "
                     f"{fused}{detail}; {SLOW_ATTENTION}")
+
+
+def padded_vocab_size(vocab: int, tp: int) -> int:
+    """``vocab`` padded as Megatron-LM pads it for ``tp`` tensor-parallel ranks."""
+    multiple = VOCAB_DIVISIBLE_BY * tp
+    return -(-vocab // multiple) * multiple
 
 
 def _family(spec) -> str:
@@ -113,6 +124,19 @@ class MegatronSystem(TensorParallelTrainer):
             self.model.cuda(self.ctx.device)
         self.make_optimizer()
 
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary megatron's embedding and LM head hold (:func:`padded_vocab_size`);
+        the padded entries take part in the loss's softmax, as in Megatron-LM, and no token
+        of the data is one of them. The record's notes say so once."""
+        padded = padded_vocab_size(self.hf.vocab_size, self.tp_size)
+        note = (f"vocabulary padded from {self.hf.vocab_size} to {padded} words, as Megatron-LM "
+                f"pads it (--make-vocab-size-divisible-by {VOCAB_DIVISIBLE_BY} x TP "
+                f"{self.tp_size}); the padded words take part in the loss's softmax")
+        if padded != self.hf.vocab_size and note not in self.notes:
+            self.notes.append(note)
+        return padded
+
     def _config(self, **fields):
         from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -151,7 +175,7 @@ class MegatronSystem(TensorParallelTrainer):
             activation_func=torch.nn.functional.gelu)
         self.notes.append("Megatron's BERT: pre-LayerNorm layers, no next-sentence head")
         return BertModel(config=config, num_tokentypes=c.type_vocab_size,
-                         transformer_layer_spec=bert_layer_local_spec, vocab_size=c.vocab_size,
+                         transformer_layer_spec=bert_layer_local_spec, vocab_size=self.vocab_size,
                          max_sequence_length=c.max_position_embeddings, add_binary_head=False,
                          share_embeddings_and_output_weights=True, parallel_output=True)
 
@@ -161,7 +185,7 @@ class MegatronSystem(TensorParallelTrainer):
 
         # this rank's stage: the embedding on the first, the LM head and loss on the last
         return GPTModel(config=config, transformer_layer_spec=spec,
-                        vocab_size=self.hf.vocab_size, parallel_output=True,
+                        vocab_size=self.vocab_size, parallel_output=True,
                         pre_process=parallel_state.is_pipeline_first_stage(),
                         post_process=parallel_state.is_pipeline_last_stage(), **kwargs)
 
@@ -233,7 +257,7 @@ class MegatronSystem(TensorParallelTrainer):
             config=config, encoder_config=encoder_config,
             transformer_encoder_layer_spec=get_t5_encoder_with_local_block_spec(c.num_layers),
             transformer_decoder_layer_spec=get_t5_decoder_with_local_block_spec(dec_layers),
-            vocab_size=c.vocab_size,
+            vocab_size=self.vocab_size,
             max_sequence_length=max(self.spec.case.seq_len, self.spec.case.dec_seq_len),
             position_embedding_type="learned_absolute",
             share_embeddings_and_output_weights=c.tie_word_embeddings, parallel_output=True)

@@ -94,11 +94,12 @@ class Slapo3DSystem(NativeTrainer):
 
     def _pipeline(self, sch):
         import slapo
-        from slapo.op.cross_entropy import vocab_parallel_output_loss
+        from slapo.op.cross_entropy import real_vocab_size, vocab_parallel_output_loss
         from slapo_ae.zoo import model_family, synthetic_batch
 
         case = self.spec.case
         config = sch.mod.config
+        vocab_size = real_vocab_size(sch.mod)  # before tracing: the traced root has no head API
         family = model_family(case.model)
         path = LAYERS[family]
         cuts = stage_cuts(getattr(config, PIPELINE_LAYERS[family]), case.pp)
@@ -112,7 +113,8 @@ class Slapo3DSystem(NativeTrainer):
         # the causal-LM loss on the last stage, over the tensor ranks' vocabulary slices of
         # the logits (the schedule's vocab_parallel_loss; a plain cross entropy with tp=1)
         loss = functools.partial(vocab_parallel_output_loss, kind="causal",
-                                 group=self.topology.tensor_group)
+                                 group=self.topology.tensor_group,
+                                 vocab_size=vocab_size)
         pipe, _ = slapo.build(sch, target="pipeline", topology=self.topology,
                               n_microbatches=case.n_microbatches, loss_fn=loss,
                               init_weights=False, device=self.ctx.device)

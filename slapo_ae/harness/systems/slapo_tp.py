@@ -48,7 +48,8 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
     over all ranks."""
     import slapo
     from slapo.model_schedule import schedule_model
-    from slapo.op import kernel_choices
+    from slapo.op import PaddedLinear, kernel_choices, vocab_projection_kernel
+    from slapo.op.cross_entropy import real_vocab_size
     from slapo.random import manual_seed
 
     model = build_hf_model(spec, ctx.device)
@@ -76,11 +77,19 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
                                            if device == "cpu" else "")
             if not has_fused_bias_gelu(sch.mod):
                 choices["bias_gelu"] = "none (the model's own Linear and activation)"
+        if any(isinstance(mod, PaddedLinear) for mod in sch.mod.modules()):
+            choices["vocabulary projection"] = vocab_projection_kernel(device)
         notes.append(f"Slapo kernels on {device}: " + "; ".join(
             f"{op}: {kernel}" for op, kernel in choices.items()))
     if options.get("tensor_parallel") and sch.world_size > 1:
         notes.append("Slapo TP: the input-gradient all-reduce of column-parallel linears runs "
                      "beside their weight gradients (sync overlap=, slapo.sharding.overlap)")
+        vocab = real_vocab_size(sch.mod)
+        if vocab is not None:
+            part = -(-vocab // sch.world_size)
+            notes.append(f"Slapo TP: the vocabulary of {vocab} words is sharded {part} a rank, "
+                         f"padded to {part * sch.world_size} (shard pad=True); the padded words "
+                         "are left out of the loss")
     return sch
 
 
