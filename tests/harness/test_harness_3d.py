@@ -72,6 +72,10 @@ def test_3d_case_writes_an_ok_record_with_its_layout(records, name):
                                     "n_microbatches")} == \
         {"pp_size": pp, "tp_size": tp, "dp_size": dp, "micro_batch": micro,
          "n_microbatches": count}
+    # the precision policy and the optimizer, as every record states them (missing until
+    # 2026-12-05)
+    assert (m.extra["precision"], m.extra["optimizer"]) == \
+        ("fp32", "torch.optim.adamw.AdamW (for-loop)")
     assert len(m.loss) == 3 and all(math.isfinite(x) and 5 < x < 9 for x in m.loss)
     assert m.samples_per_s > 0 and len(m.step_times) == 3 and m.tflops_per_gpu > 0
     assert len(m.params) == 4 and min(m.params) > 0 and record.env["world_size"] == 4

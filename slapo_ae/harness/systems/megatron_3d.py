@@ -55,8 +55,8 @@ class Megatron3DSystem(MegatronSystem):
 
     def info(self) -> dict:
         case = self.spec.case
-        return {"dp_size": self.dp_size, "tp_size": self.tp_size, "pp_size": case.pp,
-                "micro_batch": case.micro_batch_size, "n_microbatches": case.n_microbatches}
+        return {**super().info(), "pp_size": case.pp, "micro_batch": case.micro_batch_size,
+                "n_microbatches": case.n_microbatches}  # precision and optimizer as the base's
 
     def cuda_context(self):
         if self.ctx.device.type == "cpu":
