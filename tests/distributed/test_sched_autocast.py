@@ -8,7 +8,8 @@ first step (all fp32 CPU tests passed).
 
 Set-up: the tiny config of each family, dropout off, 2 CPU ranks over gloo, the ``full``
 schedule (embedding sharded, kernels, checkpoint ratio 0.5), one step on the batch of the
-other proofs, both models under ``torch.autocast("cpu", torch.bfloat16)``. Two bf16
+other proofs, both models under ``torch.autocast("cpu", torch.bfloat16)``; BERT also with its
+layers compiled, as on a GPU (``compile_layers``: Inductor, here for the CPU). Two bf16
 computations that sum in different orders differ by bf16's rounding (8 bits of mantissa),
 which the tolerances allow: loss 1e-3, logits 2e-2, each gradient 0.1 (measured on
 2026-12-05: at most 3e-4, 7e-3 and 0.08, OPT's LayerNorm bias, whose gradient is small). A
@@ -36,17 +37,21 @@ def _autocast_forward(model, batch):
         return loss_and_logits(model, batch)
 
 
+CASES = {**{family: (name, False) for family, name in FAMILIES.items()},
+         "bert, compiled layers": ("bert-tiny", True)}
+
+
 def _under_autocast():
     torch.manual_seed(0)
     results = {}
-    for family, name in FAMILIES.items():
+    for case, (name, compiled) in CASES.items():
         plain = build_model(name, **no_dropout(name))
         sch = slapo.create_schedule(copy.deepcopy(plain))
         schedule_model(sch, device="cpu", tensor_parallel=True, shard_embedding=True,
-                       kernel_opt=True, ckpt_ratio=0.5)
+                       kernel_opt=True, ckpt_ratio=0.5, compile_layers=compiled)
         scheduled = slapo.build_module(sch)
         batch = padded_batches(plain.config, steps=1)
-        results[family] = train_side_by_side(plain, scheduled, batch, _autocast_forward)[0]
+        results[case] = train_side_by_side(plain, scheduled, batch, _autocast_forward)[0]
     return results
 
 
@@ -55,11 +60,11 @@ def autocast_results():
     return run_ranks(_under_autocast)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_tp2_schedule_trains_under_bf16_autocast(autocast_results, family):
+@pytest.mark.parametrize("case", list(CASES))
+def test_tp2_schedule_trains_under_bf16_autocast(autocast_results, case):
     for rank, results in enumerate(autocast_results):
-        report = results[family]
-        what = f"{family} rank {rank}"
+        report = results[case]
+        what = f"{case} rank {rank}"
         assert report.loss_error <= LOSS_TOL, \
             f"{what}: loss {report.loss_scheduled} vs {report.loss_plain}"
         assert report.output_error <= OUTPUT_TOL, f"{what}: logits off by {report.output_error}"
