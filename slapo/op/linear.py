@@ -9,8 +9,8 @@ products ran on CUTLASS sm80 kernels at 3.8 to 4.1 ms each a step (250 to 270 TF
 hf-sdpa's 119 ms of kernel time), where its other products ran on Hopper (nvjet) kernels;
 llama-1.1b, whose 32000 words are a multiple of 128, had none of them. Megatron-LM pads the
 vocabulary for the same reason (``--make-vocab-size-divisible-by``, 128) and ``torch.compile``
-pads such products itself (Inductor's ``shape_padding``), which is why ``hf-compile`` does not
-pay for it.
+pads such products itself (Inductor's ``shape_padding``), so ``hf-compile`` most likely does not
+pay for it (not yet profiled).
 
 Here the parameters keep their shape (state dicts, tied weights and shards are untouched):
 each call pads the weight (and bias) with zero rows to a multiple of ``VOCAB_MULTIPLE``,
