@@ -176,8 +176,11 @@ def test_ctrl_c_in_the_first_moments_is_one_line_and_leaves_no_rank(tmp_path, mo
     traceback), exits 128 + signal and leaves no rank behind and no record. The moments are
     events of the run, so that a loaded machine reaches each of them, only later."""
     out = tmp_path / "r.json"
+    # steps enough that no run finishes between its first rank's line and the signal (with
+    # TINY's 3 steps one did, on a loaded machine, and wrote its record: CI, 2026-12-05)
+    long_run = [*TINY[:TINY.index("--steps")], "--steps", "100000", "--warmup", "1"]
     cmd = [sys.executable, "-X", "importtime", "-m", "slapo_ae.harness.cli", "run",
-           "--device", "cpu", "--mode", "eager", "--model", "bert-tiny", *TINY,
+           "--device", "cpu", "--mode", "eager", "--model", "bert-tiny", *long_run,
            "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
