@@ -218,15 +218,22 @@ def vocab_parallel_loss(sch, kind: str) -> None:
                                                vocab_size=real_vocab_size(sch.mod)))
 
 
+def padded_vocab_spec(model):
+    """The shard spec of ``model``'s LM head weight where its vocabulary shard is padded
+    (``shard(pad=True)``), else None."""
+    from ..primitives.shard import shard_spec
+    from .linear import output_embedding
+
+    head = output_embedding(model)
+    spec = shard_spec(head.weight) if head is not None else None
+    return spec if spec is not None and spec.padded else None
+
+
 def real_vocab_size(model) -> int | None:
     """The words of ``model``'s LM head where its vocabulary shard is padded past them
     (``shard(pad=True)``), else None: nothing to leave out."""
-    from ..primitives.shard import shard_spec
-
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    spec = shard_spec(head.weight) if head is not None else None
-    return spec.full_shape[0] if spec is not None and spec.padded else None
+    spec = padded_vocab_spec(model)
+    return spec.full_shape[0] if spec is not None else None
 
 
 def compiled_loss(sch, kind: str) -> None:

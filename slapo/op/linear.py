@@ -85,7 +85,7 @@ class PaddedLinear(nn.Linear):
         return padded_rows(self.weight.shape[0], self.multiple)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.padding(x) == 0:
+        if x.device.type not in self.pad_on:
             return F.linear(x, self.weight, self.bias)
         return padded_linear(x, self.weight, self.bias, self.multiple)
 
@@ -93,13 +93,18 @@ class PaddedLinear(nn.Linear):
         return f"{super().extra_repr()}, padded to a multiple of {self.multiple} on {self.pad_on}"
 
 
+def output_embedding(model: nn.Module) -> nn.Module | None:
+    """``model``'s LM head (transformers' ``get_output_embeddings()``), None without one."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    return get_head() if callable(get_head) else None
+
+
 def use_padded_vocab(sch, multiple: int = VOCAB_MULTIPLE) -> str | None:
     """Compute the output projection of the model under ``sch`` (transformers'
     ``get_output_embeddings()``, an ``nn.Linear``) with :class:`PaddedLinear`; returns its
     path, or None for a model without one. A tied weight stays tied: the new module holds the
     same parameters."""
-    get_head = getattr(sch.mod, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
+    head = output_embedding(sch.mod)
     if not isinstance(head, nn.Linear) or isinstance(head, PaddedLinear):
         return None
     path = next(path for path, mod in sch.mod.named_modules() if mod is head)

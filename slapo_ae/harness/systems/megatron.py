@@ -116,6 +116,14 @@ class MegatronSystem(TensorParallelTrainer):
         torch.manual_seed(self.spec.case.seed)
         self.family = _family(self.spec)
         self.hf = hf_config(self.spec.case.model, **hf_overrides(self.spec))
+        # what megatron's embedding and LM head hold; the padded words take part in the
+        # loss's softmax, as in Megatron-LM, and no token of the data is one of them
+        self.vocab_size = padded_vocab_size(self.hf.vocab_size, self.tp_size)
+        if self.vocab_size != self.hf.vocab_size:
+            self.notes.append(
+                f"vocabulary padded from {self.hf.vocab_size} to {self.vocab_size} words, as "
+                f"Megatron-LM pads it (--make-vocab-size-divisible-by {VOCAB_DIVISIBLE_BY} x TP "
+                f"{self.tp_size}); the padded words take part in the loss's softmax")
         builder = {"bert": self._bert, "gpt_neo": self._gpt_neo, "llama": self._llama,
                    "t5": self._t5}[self.family]
         with self.cuda_context():
@@ -123,19 +131,6 @@ class MegatronSystem(TensorParallelTrainer):
         if self.ctx.device.type == "cuda":
             self.model.cuda(self.ctx.device)
         self.make_optimizer()
-
-    @property
-    def vocab_size(self) -> int:
-        """The vocabulary megatron's embedding and LM head hold (:func:`padded_vocab_size`);
-        the padded entries take part in the loss's softmax, as in Megatron-LM, and no token
-        of the data is one of them. The record's notes say so once."""
-        padded = padded_vocab_size(self.hf.vocab_size, self.tp_size)
-        note = (f"vocabulary padded from {self.hf.vocab_size} to {padded} words, as Megatron-LM "
-                f"pads it (--make-vocab-size-divisible-by {VOCAB_DIVISIBLE_BY} x TP "
-                f"{self.tp_size}); the padded words take part in the loss's softmax")
-        if padded != self.hf.vocab_size and note not in self.notes:
-            self.notes.append(note)
-        return padded
 
     def _config(self, **fields):
         from megatron.core.transformer.transformer_config import TransformerConfig

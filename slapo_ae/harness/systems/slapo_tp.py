@@ -49,7 +49,7 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
     import slapo
     from slapo.model_schedule import schedule_model
     from slapo.op import PaddedLinear, kernel_choices, vocab_projection_kernel
-    from slapo.op.cross_entropy import real_vocab_size
+    from slapo.op.cross_entropy import padded_vocab_spec
     from slapo.random import manual_seed
 
     model = build_hf_model(spec, ctx.device)
@@ -84,12 +84,12 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
     if options.get("tensor_parallel") and sch.world_size > 1:
         notes.append("Slapo TP: the input-gradient all-reduce of column-parallel linears runs "
                      "beside their weight gradients (sync overlap=, slapo.sharding.overlap)")
-        vocab = real_vocab_size(sch.mod)
+        vocab = padded_vocab_spec(sch.mod)
         if vocab is not None:
-            part = -(-vocab // sch.world_size)
-            notes.append(f"Slapo TP: the vocabulary of {vocab} words is sharded {part} a rank, "
-                         f"padded to {part * sch.world_size} (shard pad=True); the padded words "
-                         "are left out of the loss")
+            words = vocab.full_shape[vocab.axis]
+            notes.append(f"Slapo TP: the vocabulary of {words} words is sharded "
+                         f"{vocab.local_size} a rank, padded to {words + vocab.padded} (shard "
+                         "pad=True); the padded words are left out of the loss")
     return sch
 
 
