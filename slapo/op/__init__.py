@@ -6,7 +6,7 @@ they are plain functions and modules, usable on their own. Each op picks its ker
 device its tensors are on (``kernel_choices``).
 
 - ``attention`` / ``CoreAttention`` / ``hf_attention_forward`` / ``math_attention`` / ``use_sdpa``:
-  ``sdpa.py``
+  ``sdpa.py``; which of SDPA's kernels it runs on, measured on the device: ``sdpa_backend.py``
 - ``FlashAttention`` (upstream Slapo's attention module, on SDPA): ``flash_attention.py``
 - ``bias_gelu`` / ``LinearGeLU`` / ``Conv1DGeLU`` (transformers' Conv1D) / ``kernel_compiler``
   (the backend for ``fuse``): ``gelu.py``
@@ -19,6 +19,7 @@ device its tensors are on (``kernel_choices``).
   ``LinearWithSyncFunc``, ``ParallelCrossEntropy``, ``Print``: ``upstream.py``
 """
 
+from . import sdpa, sdpa_backend
 from .cross_entropy import (
     LOSS_KINDS,
     compiled_cross_entropy,
@@ -87,6 +88,11 @@ def kernel_choices(device_type: str) -> dict[str, str]:
     """The kernel each op picks on ``device_type`` (for records): attention, its dropout,
     dropout elsewhere, and bias+GeLU."""
     attention_kernel = "scaled_dot_product_attention"
+    if sdpa_backend.measures(device_type):
+        attention_kernel += (" (without a mask: on the kernel measured fastest at the first "
+                             "call of each shape)")
+    if device_type in sdpa.BANDED_ON:
+        attention_kernel += " (a local window: by chunks of the window, local_attention)"
     if device_type == "cpu":
         attention_kernel += " (written out, 16-bit-mask dropout, when training with dropout)"
     return {"attention": attention_kernel, "dropout": dropout_kernel(device_type),

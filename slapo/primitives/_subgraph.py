@@ -116,6 +116,8 @@ def replace_subgraph(sch, new, subgraph, name: str | None, exact_name: bool = Fa
     args, kwargs = _bind(new, args, kwargs, sub.input_names if single is None else None,
                          where)
     hooked = _hooked_calls(owner.mod, sub, new, where)
+    if is_module:
+        new.train(owner.mod.training)  # the mode of the graph it joins
     splice(owner.mod, sub, name, new, args, kwargs)
     for module, kinds in hooked:
         move_hooks(module, new, kinds, keep=lambda hook: not is_inert_hook(hook))

@@ -36,7 +36,8 @@ def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = No
     are ``new``'s children, ready to be scheduled further. The old module's hooks (registered
     with torch, or by ``sync``) move to ``new``, as upstream Slapo moved them, and
     annotations of parameters carry over to the parameters of ``new`` that have the same
-    name.
+    name. ``new`` takes the replaced module's training mode (``train``/``eval``; with
+    ``subgraph``, that of the graph it joins), as the model's ``eval()`` would have set it.
 
     Example::
 
@@ -95,6 +96,7 @@ def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = No
                 set_annotation(param, key, value)
     if new is not sch.mod:
         move_hooks(sch.mod, new, keep=lambda hook: not is_inert_hook(hook))
+        new.train(sch.mod.training)  # a new module is in training mode; the model may not be
     if sch.parent is not None:
         setattr(sch.parent.mod, sch.name, new)
     sch.mod = new

@@ -122,6 +122,10 @@ def _trace(sch, recursive, flatten, leaves, tracer, concrete_args, config, examp
         example_inputs = _inputs_from_model_config(sch, tracer, config, concrete_args, where)
     gm = trace_module(sch.mod, example_inputs=example_inputs, concrete_args=concrete_args,
                       leaves=leaves, flatten=flatten, path=sch.path)
+    kept = {id(mod) for mod in sch.mod.modules()}
+    for mod in gm.modules():  # the graph module and the ones holding its attributes are new
+        if id(mod) not in kept:
+            mod.training = sch.mod.training
     # The module's own hooks (registered with torch, or by sync) run around the graph, ahead
     # of the call adapter, so that they see the module's call as before.
     move_hooks(sch.mod, gm, keep=lambda hook: not is_inert_hook(hook))

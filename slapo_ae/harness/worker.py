@@ -187,6 +187,13 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
     return losses, times, profiler.finish(), memory
 
 
+def measured_attention_kernels() -> list[dict]:
+    """The SDPA kernels Slapo's attention measured in this process (none unless a schedule's
+    attention ran on a device where it measures; ``slapo.op.sdpa_backend``)."""
+    sdpa_backend = sys.modules.get("slapo.op.sdpa_backend")
+    return sdpa_backend.measurements() if sdpa_backend is not None else []
+
+
 def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list[dict]):
     """The ``ok`` record from the averaged losses and every rank's numbers."""
     from slapo_ae.harness import deferred_compile, flops, metrics
@@ -201,6 +208,10 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
                 "threads_in_use": [rank["threads"] for rank in gathered],
                 "torch_compile": deferred_compile.summary()})  # rank 0 imports what every rank does
     notes = list(system.notes)
+    attention_kernels = measured_attention_kernels()
+    if attention_kernels:
+        from slapo.op.sdpa_backend import describe
+        notes.extend(describe(attention_kernels))
     if budget.oversubscribed:
         notes.append(f"oversubscribed: {budget.ranks} ranks on {budget.cores} cores (one "
                      "thread each); the steps measure the cores' time-sharing too")
@@ -244,6 +255,7 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
         # per rank, before the first and the middle timed step and after the last (RSS on
         # CPU, allocated on CUDA): a leak grows it in both halves
         "memory_in_use_bytes": memory,
+        "attention_kernels": attention_kernels or None,  # rank 0's (slapo.op.sdpa_backend)
         "launch_to_first_step_s": (first - spec.launch_time
                                    if first and spec.launch_time else None),
     }

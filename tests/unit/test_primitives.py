@@ -108,6 +108,22 @@ def test_replace_with_function():
         sch["fc1"].replace(3)
 
 
+def test_what_a_schedule_puts_in_a_model_takes_the_models_training_mode():
+    """A model scheduled in eval mode must compute as it did (upstream left a new module in
+    training mode: a Dropout swapped into an eval-mode BERT dropped activations)."""
+    for mode in (True, False):
+        model = nn.Sequential(MLPBlock(), nn.Dropout(0.5)).train(mode)
+        sch = slapo.create_schedule(model)
+        sch["1"].replace(nn.Dropout(0.5))  # a new module, in training mode until replaced
+        sch["0"].trace(flatten=True)
+        mlp = sch["0"]
+        mlp.replace(nn.GELU(), subgraph=mlp.find(r"gelu"))
+        states = {name: mod.training for name, mod in slapo.build_module(sch).named_modules()}
+        assert set(states.values()) == {mode}, states
+    x = torch.randn(2, 32)
+    torch.testing.assert_close(model(x), model(x))  # eval mode: no dropout
+
+
 def test_annotation_survives_sharding():
     sch = slapo.create_schedule(MLPBlock())
     sch["fc1"].annotate("weight", "tp", "column")

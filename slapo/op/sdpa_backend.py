@@ -1,0 +1,179 @@
+"""Which of SDPA's kernels :func:`slapo.op.attention` runs on, measured on the device.
+
+``torch.nn.functional.scaled_dot_product_attention`` picks its kernel by a fixed priority,
+the same on every GPU: flash attention first, cuDNN's attention after the math kernel. Which
+one trains fastest depends on the GPU: huggingface/transformers pull request 48163 (2026-08,
+six GPUs) measured cuDNN's 1.7x to 2.3x faster than the flash kernel for training shapes on
+Hopper, and slower on Ampere (0.82x on A100) and Blackwell. Rather than a rule per
+architecture, :func:`backend_order` measures, on a device in ``MEASURED_ON``, at the first
+call of each shape: the forward and backward of each backend in ``CANDIDATES`` that can serve
+the call, each checked against the kernel SDPA picks by itself (relative error of the output
+and of the three input gradients at most ``AGREEMENT``, without dropout), ordered by their
+median time with the call's dropout, fastest first. :func:`slapo.op.attention` then runs SDPA
+under that priority (``torch.nn.attention.sdpa_kernel(..., set_priority=True)``, the math
+kernel last), so a call the first backend cannot serve falls to the next.
+
+Inside a ``torch.compile`` region the measurement runs once, while Dynamo traces the region:
+:func:`backend_order` is a constant to it (``torch.compiler.assume_constant_result``), and the
+chosen kernel is then part of the compiled graph. It draws its inputs from a generator of its
+own and restores the device's random state, so the training's dropout masks are those it
+would have without it. Each process (rank) measures for itself. :func:`measurements` lists what
+was measured, for records.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+MEASURED_ON = ("cuda",)
+CANDIDATES = {  # SDPBackend names; on CPU "FLASH_ATTENTION" is its own flash kernel
+    "cuda": ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"),
+    "cpu": ("FLASH_ATTENTION", "MATH"),
+}
+AGREEMENT = 2e-2  # bf16 keeps 8 bits of mantissa: kernels that sum in other orders differ ~1e-3
+WARMUP, REPEATS = 2, 5
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """An SDPA call without a mask: ``[batch, heads, q_len, head_dim]`` queries and
+    ``[batch, kv_heads, k_len, head_dim]`` keys and values, with the strides of each (a
+    model's are views of its projections' ``[batch, length, heads * head_dim]`` outputs, and
+    cuDNN's kernels take some layouts only, or copy the others)."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    k_len: int
+    head_dim: int
+    strides: tuple[tuple[int, ...], ...]  # of the query, key and value
+    dtype: str  # "bfloat16", ...
+    device: str  # "cuda:0", ...
+    causal: bool
+    dropout_p: float
+    scale: float | None
+
+
+_MEASURED: dict[AttentionCall, dict] = {}
+
+
+def measures(device_type: str) -> bool:
+    """Whether SDPA's kernel is measured for calls on ``device_type``."""
+    return device_type in MEASURED_ON
+
+
+@torch.compiler.assume_constant_result
+def backend_order(batch: int, heads: int, kv_heads: int, q_len: int, k_len: int,
+                  head_dim: int, strides: tuple[tuple[int, ...], ...], dtype: str, device: str,
+                  causal: bool, dropout_p: float, scale: float | None) -> tuple[str, ...]:
+    """SDPBackend names for the call, fastest first, measured at its first call in this
+    process (see the module docstring); empty when no candidate can serve it."""
+    call = AttentionCall(batch, heads, kv_heads, q_len, k_len, head_dim, strides, dtype,
+                         device, causal, dropout_p, scale)
+    if call not in _MEASURED:
+        _MEASURED[call] = measure(call)
+    return _MEASURED[call]["order"]
+
+
+def measurements() -> list[dict]:
+    """Every call measured in this process: its shape, the candidates' median milliseconds
+    (forward and backward), the ones left out and why, and the order chosen."""
+    return [{**asdict(call), **result} for call, result in _MEASURED.items()]
+
+
+def describe(measured: list[dict]) -> list[str]:
+    """One line per measured call, for a record's notes."""
+    lines = []
+    for m in measured:
+        times = ", ".join(f"{name} {ms:.3g} ms" for name, ms in m["times_ms"].items())
+        left_out = "; ".join(f"{name}: {why}" for name, why in m["excluded"].items())
+        lines.append(
+            f"SDPA kernel measured on {m['device']} for [{m['batch']}, {m['heads']}, "
+            f"{m['q_len']}, {m['head_dim']}] {m['dtype']}"
+            f"{' causal' if m['causal'] else ''}, dropout {m['dropout_p']:g}, forward and "
+            f"backward: {times or 'none ran'}"
+            f" -> {m['order'][0] if m['order'] else 'SDPA default'}"
+            + (f" (left out: {left_out})" if left_out else ""))
+    return lines
+
+
+def measure(call: AttentionCall) -> dict:
+    """Time and check every candidate backend for ``call`` (see the module docstring)."""
+    device = torch.device(call.device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    dtype = getattr(torch, call.dtype)
+
+    def draw(heads, length, stride):
+        shape = (call.batch, heads, length, call.head_dim)
+        return torch.empty_strided(shape, stride, device=device, dtype=dtype).normal_(
+            generator=generator)
+
+    q_stride, k_stride, v_stride = call.strides
+    q, k, v = (draw(call.heads, call.q_len, q_stride), draw(call.kv_heads, call.k_len, k_stride),
+               draw(call.kv_heads, call.k_len, v_stride))
+    grad = draw(call.heads, call.q_len, q_stride)  # as a model's output, a view of [B, Q, H*D]
+    kwargs = {"is_causal": call.causal, "scale": call.scale,
+              "enable_gqa": call.kv_heads != call.heads}
+    times, excluded = {}, {}
+    rng_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices), warnings.catch_warnings(), \
+            torch.autocast(device.type, enabled=False), torch.enable_grad():
+        warnings.simplefilter("ignore")  # SDPA warns of each backend that cannot serve
+        reference = _forward_backward(None, q, k, v, grad, kwargs)
+        for name in CANDIDATES.get(device.type, ()):
+            backend = getattr(SDPBackend, name)
+            try:
+                result = _forward_backward(backend, q, k, v, grad, kwargs)
+                error = max(_relative_error(a, b) for a, b in zip(result, reference))
+                if error > AGREEMENT:
+                    excluded[name] = f"relative error {error:.2g} against SDPA's own kernel"
+                    continue
+                timed = dict(kwargs, dropout_p=call.dropout_p)
+                times[name] = _median_ms(
+                    functools.partial(_forward_backward, backend, q, k, v, grad, timed), device)
+            except RuntimeError as err:  # "No available kernel", or the kernel's own refusal
+                excluded[name] = "cannot serve the call: " + str(err).strip().splitlines()[0]
+    order = tuple(sorted(times, key=times.get))
+    return {"order": order, "times_ms": {name: times[name] for name in order},
+            "excluded": excluded}
+
+
+def _forward_backward(backend, q, k, v, grad, kwargs) -> tuple[torch.Tensor, ...]:
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    if backend is None:
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    else:
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    out.backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def _median_ms(run, device: torch.device) -> float:
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(WARMUP):  # cuDNN builds its execution plans at the first calls
+        run()
+    times = []
+    for _ in range(REPEATS):
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]

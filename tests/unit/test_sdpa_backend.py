@@ -1,0 +1,176 @@
+"""SDPA's kernel measured on the device at the first call of each shape
+(``slapo.op.sdpa_backend``), run here on CPU, where SDPA has two kernels of its own (flash and
+math): the order, the checks that leave a kernel out, the record's lines, and the choice made
+once while ``torch.compile`` traces a region, with the same numbers as SDPA's own choice.
+On CUDA the candidates are cuDNN, flash and memory-efficient attention; a GPU runs those."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from slapo.op import attention, kernel_choices, sdpa_backend
+
+
+@pytest.fixture
+def measured_on_cpu(monkeypatch):
+    monkeypatch.setattr(sdpa_backend, "MEASURED_ON", ("cpu",))
+    monkeypatch.setattr(sdpa_backend, "_MEASURED", {})
+    monkeypatch.setattr(sdpa_backend, "WARMUP", 1)
+    monkeypatch.setattr(sdpa_backend, "REPEATS", 2)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _qkv(kv_heads=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 32, 8, generator=gen, requires_grad=True)
+    k = torch.randn(2, kv_heads, 32, 8, generator=gen, requires_grad=True)
+    v = torch.randn(2, kv_heads, 32, 8, generator=gen, requires_grad=True)
+    return q, k, v
+
+
+def _call(**fields):
+    bshd = (32 * 4 * 8, 8, 4 * 8, 1)  # a [2, 32, 4 * 8] projection's view as [2, 4, 32, 8]
+    shape = dict(batch=2, heads=4, kv_heads=4, q_len=32, k_len=32, head_dim=8,
+                 strides=(bshd, bshd, bshd), dtype="float32", device="cpu", causal=False,
+                 dropout_p=0.0, scale=None)
+    return sdpa_backend.AttentionCall(**{**shape, **fields})
+
+
+def test_not_measured_where_not_asked():
+    assert not sdpa_backend.measures("cpu")
+    assert sdpa_backend.measures("cuda")
+    assert "measured fastest" in kernel_choices("cuda")["attention"]
+    assert "measured" not in kernel_choices("cpu")["attention"]
+
+
+def test_every_candidate_that_agrees_is_timed_and_ordered_fastest_first(measured_on_cpu):
+    result = sdpa_backend.measure(_call(causal=True))
+    assert set(result["order"]) == {"FLASH_ATTENTION", "MATH"}
+    assert result["excluded"] == {}
+    times = [result["times_ms"][name] for name in result["order"]]
+    assert times == sorted(times) and all(t > 0 for t in times)
+
+
+def test_a_backend_that_cannot_serve_the_call_is_left_out_with_the_reason(
+        measured_on_cpu, monkeypatch):
+    # the memory-efficient kernel is CUDA's only
+    monkeypatch.setitem(sdpa_backend.CANDIDATES, "cpu", ("EFFICIENT_ATTENTION", "MATH"))
+    result = sdpa_backend.measure(_call())
+    assert result["order"] == ("MATH",)
+    assert result["excluded"]["EFFICIENT_ATTENTION"].startswith("cannot serve the call: ")
+
+
+def test_a_backend_that_disagrees_with_sdpas_own_kernel_is_left_out(
+        measured_on_cpu, monkeypatch):
+    monkeypatch.setattr(sdpa_backend, "AGREEMENT", -1.0)  # nothing agrees, not even itself
+    result = sdpa_backend.measure(_call())
+    assert result["order"] == ()
+    assert set(result["excluded"]) == {"FLASH_ATTENTION", "MATH"}
+    assert all("relative error" in why for why in result["excluded"].values())
+    line, = sdpa_backend.describe([{**vars(_call()), **result}])
+    assert "none ran -> SDPA default" in line and "left out: FLASH_ATTENTION" in line
+
+
+def test_measured_once_per_shape_and_listed_for_the_record(measured_on_cpu):
+    q, k, v = _qkv()
+    attention(q, k, v, causal=True)
+    attention(q, k, v, causal=True)
+    attention(q, k, v)  # another call: not causal
+    measured = sdpa_backend.measurements()
+    assert [m["causal"] for m in measured] == [True, False]
+    assert measured[0]["batch"] == 2 and measured[0]["device"] == "cpu"
+    line = sdpa_backend.describe(measured)[0]
+    assert line.startswith("SDPA kernel measured on cpu for [2, 4, 32, 8] float32 causal, "
+                           "dropout 0, forward and backward: ")
+    assert line.endswith(f"-> {measured[0]['order'][0]}")
+
+
+def test_the_training_random_stream_is_left_as_it_was(measured_on_cpu):
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    sdpa_backend.measure(_call(dropout_p=0.1))
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])  # grouped-query attention too
+def test_attention_under_the_measured_kernel_equals_sdpa_eager_and_compiled(
+        measured_on_cpu, kv_heads):
+    q, k, v = _qkv(kv_heads)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              enable_gqa=kv_heads != 4)
+    expected_grads = torch.autograd.grad(expected.square().sum(), (q, k, v))
+
+    def run(q, k, v):
+        return attention(q, k, v, causal=True)
+
+    explained = torch._dynamo.explain(run)(q, k, v)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    for fn in (run, torch.compile(run)):
+        out = fn(q, k, v)
+        grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        for got, want in zip(grads, expected_grads):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert len(sdpa_backend.measurements()) == 1  # the trace reused the eager call's choice
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "llama-tiny"])
+def test_compiled_schedule_measures_inside_its_layers_and_trains_as_the_plain_model(
+        measured_on_cpu, name):
+    """The GPU path end to end, on CPU: each layer one compiled region whose attention (no
+    mask: nothing is padded) runs on the measured kernel; one graph per region, the plain
+    model's loss and gradients."""
+    import slapo
+    from slapo.model_schedule import schedule_model
+    from slapo_ae.zoo import build_model, synthetic_batch
+
+    torch.manual_seed(0)
+    plain = build_model(name).eval()  # no dropout: SDPA itself on CPU too
+    scheduled = build_model(name).eval()
+    scheduled.load_state_dict(plain.state_dict())
+    schedule_model(slapo.create_schedule(scheduled), tensor_parallel=False, kernel_opt=True,
+                   device="cpu", compile_layers=True)
+    batch = synthetic_batch(plain.config, 2, 16, seed=0)
+    losses = []
+    for model in (plain, scheduled):
+        loss = model(**batch).loss
+        loss.backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-6)
+    grads = dict(scheduled.named_parameters())
+    for param_name, param in plain.named_parameters():
+        got = grads[param_name].grad
+        assert float((got - param.grad).norm() / param.grad.norm().clamp_min(1e-3)) < 1e-4, \
+            param_name
+    measured = sdpa_backend.measurements()
+    assert len(measured) == 1 and measured[0]["q_len"] == 16, measured  # all layers alike
+    assert measured[0]["causal"] == (name == "llama-tiny")
+
+
+def test_the_harness_puts_the_measurements_in_the_record(measured_on_cpu):
+    from slapo_ae.harness.worker import measured_attention_kernels
+
+    assert measured_attention_kernels() == []
+    q, k, v = _qkv()
+    attention(q, k, v)
+    assert measured_attention_kernels() == sdpa_backend.measurements() != []
+
+
+def test_under_autocast_the_kernel_is_measured_in_the_dtype_sdpa_computes_in(measured_on_cpu):
+    """LLaMA's queries leave the rotary embedding in float32 and autocast casts them for SDPA:
+    measured in float32, CUDA's flash and cuDNN kernels (16-bit only) would be left out."""
+    q, k, v = _qkv()
+
+    def run(q, k, v):
+        return attention(q, k, v, causal=True)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        explained = torch._dynamo.explain(run)(q, k, v)
+        out = torch.compile(run)(q, k, v)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    assert out.dtype == torch.bfloat16
+    assert [m["dtype"] for m in sdpa_backend.measurements()] == ["bfloat16"]
