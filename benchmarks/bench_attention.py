@@ -10,8 +10,9 @@ where ``--scale 8`` divides the batches by 8 to keep it short):
   measures them at a schedule's first call (cuDNN, flash, memory-efficient on CUDA; flash and
   math on CPU), and the order it would choose;
 - GPT-Neo-1.3B's local layer (window 256, 1024 tokens): the dense call under the window's mask
-  against ``slapo.op.sdpa.local_attention`` (by chunks of the window), interleaved round by
-  round; printed: the median of each and their ratio with its range over the rounds.
+  against ``slapo.op.sdpa.local_attention`` (by chunks of the window, each chunk call on its
+  measured kernel where the device measures), interleaved round by round, the first round a
+  warm-up; printed: the median of each and their ratio with its range over the rounds.
 
 Then the load (``uptime``). No target: the figures say whether the choices are worth it on
 this device.
@@ -87,6 +88,8 @@ def local_layer(device: torch.device, dtype: torch.dtype, scale: int, rounds: in
               f"[{min(t):.3g}-{max(t):.3g}]")
     print(f"  dense / by chunks: {statistics.median(ratios):.2f}x "
           f"[{min(ratios):.2f}-{max(ratios):.2f}] over {rounds} rounds")
+    for line in sdpa_backend.describe(sdpa_backend.measurements()):  # the chunks' own choices
+        print(f"  {line}")
     return {"times_ms": times, "ratio": statistics.median(ratios)}
 
 

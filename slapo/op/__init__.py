@@ -89,8 +89,8 @@ def kernel_choices(device_type: str) -> dict[str, str]:
     dropout elsewhere, and bias+GeLU."""
     attention_kernel = "scaled_dot_product_attention"
     if sdpa_backend.measures(device_type):
-        attention_kernel += (" (without a mask: on the kernel measured fastest at the first "
-                             "call of each shape)")
+        attention_kernel += (" (on the kernel measured fastest at the first call of each "
+                             "shape and mask)")
     if device_type in sdpa.BANDED_ON:
         attention_kernel += " (a local window: by chunks of the window, local_attention)"
     if device_type == "cpu":

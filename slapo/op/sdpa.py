@@ -105,41 +105,52 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     ``Hkv`` may divide ``H`` (grouped-query attention).
     """
     q_len, k_len = query.shape[-2], key.shape[-2]
-    gqa = key.shape[-3] != query.shape[-3]
     if dropout_p > 0.0 and query.device.type == "cpu":
         attn_mask = merge_masks(q_len, k_len, query.dtype, query.device, mask, bias, causal,
                                 window)
         return math_attention(query, key, value, attn_mask, scale, dropout_p)
     if mask is None and bias is None and window is None and (not causal or q_len == k_len):
-        causal = causal and q_len > 1
-        order = ()
-        device_type = query.device.type
-        if sdpa_backend.measures(device_type):  # the kernel measured fastest here
-            dtype = query.dtype  # what SDPA computes in: autocast casts its inputs
-            if torch.is_autocast_enabled(device_type):
-                dtype = torch.get_autocast_dtype(device_type)
-            order = sdpa_backend.backend_order(
-                query.shape[0], query.shape[-3], key.shape[-3], q_len, k_len, query.shape[-1],
-                (query.stride(), key.stride(), value.stride()),
-                str(dtype).removeprefix("torch."), str(query.device), causal,
-                float(dropout_p), scale)
-        if not order:
-            return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p,
-                                                  is_causal=causal, scale=scale,
-                                                  enable_gqa=gqa)
-        priority = [getattr(SDPBackend, name) for name in order]
-        if SDPBackend.MATH not in priority:
-            priority.append(SDPBackend.MATH)
-        with sdpa_kernel(priority, set_priority=True):
-            return F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p,
-                                                  is_causal=causal, scale=scale,
-                                                  enable_gqa=gqa)
+        return scaled_dot_product_attention(query, key, value, dropout_p=dropout_p,
+                                            is_causal=causal and q_len > 1, scale=scale)
     if (window is not None and mask is None and bias is None and q_len == k_len > window
             and q_len % window == 0 and query.device.type in BANDED_ON):
         return local_attention(query, key, value, window, scale, dropout_p)
     attn_mask = merge_masks(q_len, k_len, query.dtype, query.device, mask, bias, causal, window)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask,
-                                          dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
+    return scaled_dot_product_attention(query, key, value, attn_mask, dropout_p=dropout_p,
+                                        scale=scale)
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False,
+                                 scale: float | None = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` (grouped-query attention when the key has fewer
+    heads), on a device where ``sdpa_backend`` measures on the kernel measured fastest for
+    the call's shapes, strides, mask and the dtype SDPA computes in (autocast casts its
+    inputs)."""
+    kwargs = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal,
+              "scale": scale, "enable_gqa": key.shape[-3] != query.shape[-3]}
+    device_type = query.device.type
+    if not sdpa_backend.measures(device_type):
+        return F.scaled_dot_product_attention(query, key, value, **kwargs)
+    dtype = query.dtype
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+    mask = None
+    if attn_mask is not None:
+        mask = (tuple(attn_mask.shape), str(attn_mask.dtype).removeprefix("torch."))
+    order = sdpa_backend.backend_order(
+        query.shape[0], query.shape[-3], key.shape[-3], query.shape[-2], key.shape[-2],
+        query.shape[-1], (query.stride(), key.stride(), value.stride()),
+        str(dtype).removeprefix("torch."), str(query.device), is_causal, float(dropout_p),
+        scale, mask)
+    if not order:
+        return F.scaled_dot_product_attention(query, key, value, **kwargs)
+    priority = [getattr(SDPBackend, name) for name in order]
+    if SDPBackend.MATH not in priority:
+        priority.append(SDPBackend.MATH)
+    with sdpa_kernel(priority, set_priority=True):
+        return F.scaled_dot_product_attention(query, key, value, **kwargs)
 
 
 def local_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, window: int,
@@ -152,13 +163,11 @@ def local_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     chunks as batch. What each query sees is the window's mask; the kernel works on
     ``W * 2W`` scores a chunk instead of ``S * S`` a sequence (GPT-Neo-1.3B at 1024 tokens,
     window 256: 0.44 of the dense work)."""
-    batch, heads, length, _ = query.shape
+    batch, _, length, _ = query.shape
     chunks = length // window
-    gqa = key.shape[-3] != heads
     head = slice(0, window)
-    first = F.scaled_dot_product_attention(query[:, :, head], key[:, :, head],
-                                           value[:, :, head], dropout_p=dropout_p,
-                                           is_causal=True, scale=scale, enable_gqa=gqa)
+    first = scaled_dot_product_attention(query[:, :, head], key[:, :, head], value[:, :, head],
+                                         dropout_p=dropout_p, is_causal=True, scale=scale)
 
     def as_batch(t):  # [B, h, n, L, D] -> [B * n, h, L, D]
         return t.transpose(1, 2).flatten(0, 1)
@@ -170,9 +179,9 @@ def local_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     later = as_batch(query[:, :, window:].unflatten(2, (chunks - 1, window)))
     a = torch.arange(window, device=query.device)[:, None]
     b = torch.arange(2 * window, device=query.device)[None, :]
-    rest = F.scaled_dot_product_attention(later, pairs(key), pairs(value),
-                                          attn_mask=(b > a) & (b <= a + window),
-                                          dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
+    rest = scaled_dot_product_attention(later, pairs(key), pairs(value),
+                                        (b > a) & (b <= a + window), dropout_p=dropout_p,
+                                        scale=scale)
     rest = rest.unflatten(0, (batch, chunks - 1)).transpose(1, 2).flatten(2, 3)
     return torch.cat([first, rest], dim=2)
 

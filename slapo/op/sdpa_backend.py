@@ -1,4 +1,4 @@
-"""Which of SDPA's kernels :func:`slapo.op.attention` runs on, measured on the device.
+"""Which of SDPA's kernels Slapo's attention runs on, measured on the device.
 
 ``torch.nn.functional.scaled_dot_product_attention`` picks its kernel by a fixed priority,
 the same on every GPU: flash attention first, cuDNN's attention after the math kernel. Which
@@ -6,12 +6,14 @@ one trains fastest depends on the GPU: huggingface/transformers pull request 481
 six GPUs) measured cuDNN's 1.7x to 2.3x faster than the flash kernel for training shapes on
 Hopper, and slower on Ampere (0.82x on A100) and Blackwell. Rather than a rule per
 architecture, :func:`backend_order` measures, on a device in ``MEASURED_ON``, at the first
-call of each shape: the forward and backward of each backend in ``CANDIDATES`` that can serve
-the call, each checked against the kernel SDPA picks by itself (relative error of the output
-and of the three input gradients at most ``AGREEMENT``, without dropout), ordered by their
-median time with the call's dropout, fastest first. :func:`slapo.op.attention` then runs SDPA
-under that priority (``torch.nn.attention.sdpa_kernel(..., set_priority=True)``, the math
-kernel last), so a call the first backend cannot serve falls to the next.
+call of each shape (strides, mask and dtype included): the forward and backward of each
+backend in ``CANDIDATES`` that can serve the call, each checked against the kernel SDPA picks
+by itself (relative error of the output and of the three input gradients at most
+``AGREEMENT``, without dropout), ordered by their median time with the call's dropout,
+fastest first. :func:`slapo.op.sdpa.scaled_dot_product_attention`, through which all of
+Slapo's attention calls SDPA, runs it under that priority
+(``torch.nn.attention.sdpa_kernel(..., set_priority=True)``, the math kernel last), so a call
+the first backend cannot serve falls to the next.
 
 Inside a ``torch.compile`` region the measurement runs once, while Dynamo traces the region:
 :func:`backend_order` is a constant to it (``torch.compiler.assume_constant_result``), and the
@@ -43,10 +45,10 @@ WARMUP, REPEATS = 2, 5
 
 @dataclass(frozen=True)
 class AttentionCall:
-    """An SDPA call without a mask: ``[batch, heads, q_len, head_dim]`` queries and
-    ``[batch, kv_heads, k_len, head_dim]`` keys and values, with the strides of each (a
-    model's are views of its projections' ``[batch, length, heads * head_dim]`` outputs, and
-    cuDNN's kernels take some layouts only, or copy the others)."""
+    """An SDPA call: ``[batch, heads, q_len, head_dim]`` queries and ``[batch, kv_heads, k_len,
+    head_dim]`` keys and values, with the strides of each (a model's are views of its
+    projections' ``[batch, length, heads * head_dim]`` outputs, and cuDNN's kernels take some
+    layouts only, or copy the others), and the shape and dtype of its mask, if any."""
 
     batch: int
     heads: int
@@ -60,6 +62,7 @@ class AttentionCall:
     causal: bool
     dropout_p: float
     scale: float | None
+    mask: tuple[tuple[int, ...], str] | None = None  # (shape, dtype)
 
 
 _MEASURED: dict[AttentionCall, dict] = {}
@@ -73,11 +76,12 @@ def measures(device_type: str) -> bool:
 @torch.compiler.assume_constant_result
 def backend_order(batch: int, heads: int, kv_heads: int, q_len: int, k_len: int,
                   head_dim: int, strides: tuple[tuple[int, ...], ...], dtype: str, device: str,
-                  causal: bool, dropout_p: float, scale: float | None) -> tuple[str, ...]:
+                  causal: bool, dropout_p: float, scale: float | None,
+                  mask: tuple[tuple[int, ...], str] | None = None) -> tuple[str, ...]:
     """SDPBackend names for the call, fastest first, measured at its first call in this
     process (see the module docstring); empty when no candidate can serve it."""
     call = AttentionCall(batch, heads, kv_heads, q_len, k_len, head_dim, strides, dtype,
-                         device, causal, dropout_p, scale)
+                         device, causal, dropout_p, scale, mask)
     if call not in _MEASURED:
         _MEASURED[call] = measure(call)
     return _MEASURED[call]["order"]
@@ -93,13 +97,14 @@ def describe(measured: list[dict]) -> list[str]:
     """One line per measured call, for a record's notes."""
     lines = []
     for m in measured:
+        call = (f"[{m['batch']}, {m['heads']}, {m['q_len']}, {m['head_dim']}] {m['dtype']}"
+                + (" causal" if m["causal"] else "")
+                + (f" with a {m['mask'][1]} mask {list(m['mask'][0])}" if m["mask"] else ""))
         times = ", ".join(f"{name} {ms:.3g} ms" for name, ms in m["times_ms"].items())
         left_out = "; ".join(f"{name}: {why}" for name, why in m["excluded"].items())
         lines.append(
-            f"SDPA kernel measured on {m['device']} for [{m['batch']}, {m['heads']}, "
-            f"{m['q_len']}, {m['head_dim']}] {m['dtype']}"
-            f"{' causal' if m['causal'] else ''}, dropout {m['dropout_p']:g}, forward and "
-            f"backward: {times or 'none ran'}"
+            f"SDPA kernel measured on {m['device']} for {call}, dropout {m['dropout_p']:g}, "
+            f"forward and backward: {times or 'none ran'}"
             f" -> {m['order'][0] if m['order'] else 'SDPA default'}"
             + (f" (left out: {left_out})" if left_out else ""))
     return lines
@@ -120,8 +125,8 @@ def measure(call: AttentionCall) -> dict:
     q, k, v = (draw(call.heads, call.q_len, q_stride), draw(call.kv_heads, call.k_len, k_stride),
                draw(call.kv_heads, call.k_len, v_stride))
     grad = draw(call.heads, call.q_len, q_stride)  # as a model's output, a view of [B, Q, H*D]
-    kwargs = {"is_causal": call.causal, "scale": call.scale,
-              "enable_gqa": call.kv_heads != call.heads}
+    kwargs = {"attn_mask": _mask(call, generator), "is_causal": call.causal,
+              "scale": call.scale, "enable_gqa": call.kv_heads != call.heads}
     times, excluded = {}, {}
     rng_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=rng_devices), warnings.catch_warnings(), \
@@ -144,6 +149,21 @@ def measure(call: AttentionCall) -> dict:
     order = tuple(sorted(times, key=times.get))
     return {"order": order, "times_ms": {name: times[name] for name in order},
             "excluded": excluded}
+
+
+def _mask(call: AttentionCall, generator: torch.Generator) -> torch.Tensor | None:
+    """A mask of the call's shape and dtype: the kernels' time does not depend on what it
+    masks. Boolean: each key kept with probability 1/2, the first always (no empty row);
+    additive: normal scores."""
+    if call.mask is None:
+        return None
+    shape, dtype = call.mask
+    device = torch.device(call.device)
+    if dtype == "bool":
+        keep = torch.rand(shape, device=device, generator=generator) < 0.5
+        keep[..., 0] = True
+        return keep
+    return torch.randn(shape, device=device, dtype=getattr(torch, dtype), generator=generator)
 
 
 def _forward_backward(backend, q, k, v, grad, kwargs) -> tuple[torch.Tensor, ...]:

@@ -174,3 +174,29 @@ def test_under_autocast_the_kernel_is_measured_in_the_dtype_sdpa_computes_in(mea
     assert explained.graph_count == 1 and explained.graph_break_count == 0
     assert out.dtype == torch.bfloat16
     assert [m["dtype"] for m in sdpa_backend.measurements()] == ["bfloat16"]
+
+
+def test_a_masked_call_is_measured_with_a_mask_of_its_shape_and_dtype(measured_on_cpu):
+    q, k, v = _qkv()
+    padding = torch.ones(2, 1, 1, 32, dtype=torch.bool)
+    padding[0, ..., -5:] = False
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=padding)
+    torch.testing.assert_close(attention(q, k, v, padding), expected, rtol=1e-5, atol=1e-5)
+    bias = torch.randn(1, 4, 32, 32)
+    attention(q, k, v, bias=bias)
+    masks = [m["mask"] for m in sdpa_backend.measurements()]
+    assert masks == [((2, 1, 1, 32), "bool"), ((1, 4, 32, 32), "float32")]
+    assert "with a bool mask [2, 1, 1, 32]" in sdpa_backend.describe(
+        sdpa_backend.measurements())[0]
+
+
+def test_local_attention_by_chunks_on_measured_kernels_equals_the_dense_call(measured_on_cpu):
+    from slapo.op import merge_masks
+    from slapo.op.sdpa import local_attention
+
+    q, k, v = _qkv()
+    dense = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=merge_masks(32, 32, q.dtype, q.device, causal=True, window=8))
+    torch.testing.assert_close(local_attention(q, k, v, 8), dense, rtol=1e-5, atol=1e-5)
+    calls = {(m["causal"], m["mask"]) for m in sdpa_backend.measurements()}
+    assert calls == {(True, None), (False, ((8, 16), "bool"))}  # first chunk; the band
