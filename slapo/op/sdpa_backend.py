@@ -10,7 +10,7 @@ call of each shape (strides, mask and dtype included): the forward and backward 
 backend in ``CANDIDATES`` that can serve the call, each checked against the kernel SDPA picks
 by itself (relative error of the output and of the three input gradients at most
 ``AGREEMENT``, without dropout), ordered by their median time with the call's dropout,
-fastest first. :func:`slapo.op.sdpa.scaled_dot_product_attention`, through which all of
+fastest first (SDPA's own pick first unless another is ``MARGIN`` faster). :func:`slapo.op.sdpa.scaled_dot_product_attention`, through which all of
 Slapo's attention calls SDPA, runs it under that priority
 (``torch.nn.attention.sdpa_kernel(..., set_priority=True)``, the math kernel last), so a call
 the first backend cannot serve falls to the next.
@@ -39,6 +39,8 @@ CANDIDATES = {  # SDPBackend names; on CPU "FLASH_ATTENTION" is its own flash ke
     "cuda": ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"),
     "cpu": ("FLASH_ATTENTION", "MATH"),
 }
+TORCH_PRIORITY = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION")
+MARGIN = 0.05  # how much faster than SDPA's own pick a kernel must be to be chosen
 AGREEMENT = 2e-2  # bf16 keeps 8 bits of mantissa: kernels that sum in other orders differ ~1e-3
 WARMUP, REPEATS = 2, 5
 
@@ -146,9 +148,21 @@ def measure(call: AttentionCall) -> dict:
                     functools.partial(_forward_backward, backend, q, k, v, grad, timed), device)
             except RuntimeError as err:  # "No available kernel", or the kernel's own refusal
                 excluded[name] = "cannot serve the call: " + str(err).strip().splitlines()[0]
-    order = tuple(sorted(times, key=times.get))
+    order = fastest_first(times)
     return {"order": order, "times_ms": {name: times[name] for name in order},
             "excluded": excluded}
+
+
+def fastest_first(times: dict[str, float]) -> tuple[str, ...]:
+    """Backend names by their time, fastest first, except that SDPA's own pick (the first
+    of ``TORCH_PRIORITY`` timed) stays first unless another is faster by more than
+    ``MARGIN``: a choice that noise could flip would differ from run to run and rank to rank."""
+    order = sorted(times, key=times.get)
+    default = next((name for name in TORCH_PRIORITY if name in times), None)
+    if default is not None and times[default] <= times[order[0]] * (1 + MARGIN):
+        order.remove(default)
+        order.insert(0, default)
+    return tuple(order)
 
 
 def _mask(call: AttentionCall, generator: torch.Generator) -> torch.Tensor | None:

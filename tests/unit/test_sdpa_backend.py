@@ -200,3 +200,22 @@ def test_local_attention_by_chunks_on_measured_kernels_equals_the_dense_call(mea
     torch.testing.assert_close(local_attention(q, k, v, 8), dense, rtol=1e-5, atol=1e-5)
     calls = {(m["causal"], m["mask"]) for m in sdpa_backend.measurements()}
     assert calls == {(True, None), (False, ((8, 16), "bool"))}  # first chunk; the band
+
+
+def test_sdpas_own_pick_stays_first_unless_another_is_clearly_faster():
+    assert sdpa_backend.fastest_first({"CUDNN_ATTENTION": 1.0, "FLASH_ATTENTION": 1.04,
+                                       "EFFICIENT_ATTENTION": 2.0}) == (
+        "FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+    assert sdpa_backend.fastest_first({"CUDNN_ATTENTION": 1.0, "FLASH_ATTENTION": 1.2}) == (
+        "CUDNN_ATTENTION", "FLASH_ATTENTION")
+    # flash cannot serve a masked call: the memory-efficient kernel is SDPA's pick then
+    assert sdpa_backend.fastest_first({"CUDNN_ATTENTION": 1.0, "EFFICIENT_ATTENTION": 1.03}) == (
+        "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+    assert sdpa_backend.fastest_first({}) == ()
+
+
+def test_torch_priority_is_the_one_sdpa_uses():
+    from torch.nn.attention import SDPBackend
+
+    order = [SDPBackend(i).name for i in torch._C._get_sdp_priority_order()]
+    assert tuple(name for name in order if name != "OVERRIDEABLE") == sdpa_backend.TORCH_PRIORITY
