@@ -10,10 +10,11 @@ call of each shape (strides, mask and dtype included): the forward and backward 
 backend in ``CANDIDATES`` that can serve the call, each checked against the kernel SDPA picks
 by itself (relative error of the output and of the three input gradients at most
 ``AGREEMENT``, without dropout), ordered by their median time with the call's dropout,
-fastest first (SDPA's own pick first unless another is ``MARGIN`` faster). :func:`slapo.op.sdpa.scaled_dot_product_attention`, through which all of
-Slapo's attention calls SDPA, runs it under that priority
-(``torch.nn.attention.sdpa_kernel(..., set_priority=True)``, the math kernel last), so a call
-the first backend cannot serve falls to the next.
+fastest first (SDPA's own pick first unless another is ``MARGIN`` faster).
+:func:`slapo.op.sdpa.scaled_dot_product_attention`, through which all of Slapo's attention
+calls SDPA, runs it under that priority (``torch.nn.attention.sdpa_kernel(...,
+set_priority=True)``, the math kernel last), so a call the first backend cannot serve falls
+to the next.
 
 Inside a ``torch.compile`` region the measurement runs once, while Dynamo traces the region:
 :func:`backend_order` is a constant to it (``torch.compiler.assume_constant_result``), and the
