@@ -20,12 +20,14 @@ Inside a ``torch.compile`` region the measurement runs once, while Dynamo traces
 :func:`backend_order` is a constant to it (``torch.compiler.assume_constant_result``), and the
 chosen kernel is then part of the compiled graph. It draws its inputs from a generator of its
 own and restores the device's random state, so the training's dropout masks are those it
-would have without it. Each process (rank) measures for itself. :func:`measurements` lists what
-was measured, for records.
+would have without it; it runs in a thread of its own, out of reach of the caller's autograd
+hooks (activation checkpointing's), autocast and dispatch modes. Each process (rank) measures
+for itself. :func:`measurements` lists what was measured, for records.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import time
 import warnings
@@ -86,7 +88,11 @@ def backend_order(batch: int, heads: int, kv_heads: int, q_len: int, k_len: int,
     call = AttentionCall(batch, heads, kv_heads, q_len, k_len, head_dim, strides, dtype,
                          device, causal, dropout_p, scale, mask)
     if call not in _MEASURED:
-        _MEASURED[call] = measure(call)
+        # in a thread of its own: none of the caller's autograd hooks (checkpointing's
+        # saved-tensor hooks, which would count the measurement's tensors as the layer's),
+        # autocast, grad mode or dispatch modes (Dynamo's) reach it
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            _MEASURED[call] = pool.submit(measure, call).result()
     return _MEASURED[call]["order"]
 
 

@@ -219,3 +219,21 @@ def test_torch_priority_is_the_one_sdpa_uses():
 
     order = [SDPBackend(i).name for i in torch._C._get_sdp_priority_order()]
     assert tuple(name for name in order if name != "OVERRIDEABLE") == sdpa_backend.TORCH_PRIORITY
+
+
+def test_measured_inside_a_checkpointed_compiled_region(measured_on_cpu):
+    """A checkpointed layer compiles inside checkpointing's forward: the measurement's own
+    forward and backward must not reach its saved-tensor hooks (they did, as the layer's
+    tensors, and the recomputation stopped with _StopRecomputationError under ZeRO-3)."""
+    from torch.utils.checkpoint import checkpoint
+
+    q, k, v = _qkv()
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
+    expected_grads = torch.autograd.grad(expected.square().sum(), (q, k, v))
+    region = torch.compile(lambda q, k, v: attention(q, k, v, causal=True) * 2)
+    out = checkpoint(region, q, k, v, use_reentrant=False)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert len(sdpa_backend.measurements()) == 1
