@@ -58,6 +58,11 @@ Options (each family honours all of them):
                    the model's eager loss writes out vocabulary-sized tensors), unless the
                    vocabulary-parallel loss replaces it, and BERT's MLM head transform (dense,
                    GeLU, LayerNorm) is one more region. WideResNet compiles nothing.
+                   The regions are compiled for static shapes (``dynamic=False``): training
+                   runs fixed shapes, and the attention's kernel is measured for one shape
+                   (``slapo.op.sdpa_backend``; a dynamic size cannot be measured for, and
+                   T5's blocks, whose code serves the encoder's length and the decoder's, went
+                   dynamic).
                    Default: on CUDA, where the same fusion over the whole model
                    (``hf-compile``) trained bert-large and llama-1.1b 1.23x and 1.29x as fast
                    as HF with SDPA on one H200; off on CPU, where compiling costs seconds

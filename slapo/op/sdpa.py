@@ -136,14 +136,20 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     dtype = query.dtype
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
+    # int(): a size Dynamo made dynamic (T5's encoder and decoder lengths) is specialized, as
+    # the kernel is measured for one shape
+    def sizes(t):
+        return tuple(int(size) for size in t)
+
     mask = None
     if attn_mask is not None:
-        mask = (tuple(attn_mask.shape), str(attn_mask.dtype).removeprefix("torch."))
+        mask = (sizes(attn_mask.shape), str(attn_mask.dtype).removeprefix("torch."))
     order = sdpa_backend.backend_order(
-        query.shape[0], query.shape[-3], key.shape[-3], query.shape[-2], key.shape[-2],
-        query.shape[-1], (query.stride(), key.stride(), value.stride()),
+        *sizes((query.shape[0], query.shape[-3], key.shape[-3], query.shape[-2],
+                key.shape[-2], query.shape[-1])),
+        (sizes(query.stride()), sizes(key.stride()), sizes(value.stride())),
         str(dtype).removeprefix("torch."), str(query.device), is_causal, float(dropout_p),
-        scale, mask)
+        None if scale is None else float(scale), mask)
     if not order:
         return F.scaled_dot_product_attention(query, key, value, **kwargs)
     priority = [getattr(SDPBackend, name) for name in order]
