@@ -127,7 +127,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """``F.scaled_dot_product_attention`` (grouped-query attention when the key has fewer
     heads), on a device where ``sdpa_backend`` measures on the kernel measured fastest for
     the call's shapes, strides, mask and the dtype SDPA computes in (autocast casts its
-    inputs)."""
+    inputs). Under ``torch.compile`` the shapes must be static (the schedules compile with
+    ``dynamic=False``): Dynamo breaks the graph at a call with dynamic sizes."""
     kwargs = {"attn_mask": attn_mask, "dropout_p": dropout_p, "is_causal": is_causal,
               "scale": scale, "enable_gqa": key.shape[-3] != query.shape[-3]}
     device_type = query.device.type
@@ -136,20 +137,14 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     dtype = query.dtype
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
-    # int(): a size Dynamo made dynamic (T5's encoder and decoder lengths) is specialized, as
-    # the kernel is measured for one shape
-    def sizes(t):
-        return tuple(int(size) for size in t)
-
     mask = None
     if attn_mask is not None:
-        mask = (sizes(attn_mask.shape), str(attn_mask.dtype).removeprefix("torch."))
+        mask = (tuple(attn_mask.shape), str(attn_mask.dtype).removeprefix("torch."))
     order = sdpa_backend.backend_order(
-        *sizes((query.shape[0], query.shape[-3], key.shape[-3], query.shape[-2],
-                key.shape[-2], query.shape[-1])),
-        (sizes(query.stride()), sizes(key.stride()), sizes(value.stride())),
+        query.shape[0], query.shape[-3], key.shape[-3], query.shape[-2], key.shape[-2],
+        query.shape[-1], (query.stride(), key.stride(), value.stride()),
         str(dtype).removeprefix("torch."), str(query.device), is_causal, float(dropout_p),
-        None if scale is None else float(scale), mask)
+        scale, mask)
     if not order:
         return F.scaled_dot_product_attention(query, key, value, **kwargs)
     priority = [getattr(SDPBackend, name) for name in order]
