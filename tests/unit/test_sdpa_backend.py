@@ -237,3 +237,13 @@ def test_measured_inside_a_checkpointed_compiled_region(measured_on_cpu):
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert len(sdpa_backend.measurements()) == 1
+
+
+def test_a_call_sdpa_itself_cannot_run_is_left_to_sdpa(measured_on_cpu, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("out of memory\nmore")
+
+    monkeypatch.setattr(sdpa_backend, "_forward_backward", refuse)
+    result = sdpa_backend.measure(_call())
+    assert result == {"order": (), "times_ms": {},
+                      "excluded": {"all": "SDPA's own kernel did not run: out of memory"}}
