@@ -5,7 +5,8 @@ the same on every GPU: flash attention first, cuDNN's attention after the math k
 one trains fastest depends on the GPU: huggingface/transformers pull request 48163 (2026-08,
 six GPUs) measured cuDNN's 1.7x to 2.3x faster than the flash kernel for training shapes on
 Hopper, and slower on Ampere (0.82x on A100) and Blackwell. Rather than a rule per
-architecture, :func:`backend_order` measures, on a device in ``MEASURED_ON``, at the first
+architecture, :func:`backend_order` measures, on a device in ``MEASURED_ON`` (CUDA; the
+environment's ``SLAPO_SDPA_MEASURE`` names others, or none when empty), at the first
 call of each shape (strides, mask and dtype included): the forward and backward of each
 backend in ``CANDIDATES`` that can serve the call, each checked against the kernel SDPA picks
 by itself (relative error of the output and of the three input gradients at most
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import os
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -37,11 +39,26 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-MEASURED_ON = ("cuda",)
 CANDIDATES = {  # SDPBackend names; on CPU "FLASH_ATTENTION" is its own flash kernel
     "cuda": ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"),
     "cpu": ("FLASH_ATTENTION", "MATH"),
 }
+ENV = "SLAPO_SDPA_MEASURE"  # the device types to measure on, comma-separated; empty: none
+
+
+def measured_on(value: str | None) -> tuple[str, ...]:
+    """The device types named by ``SLAPO_SDPA_MEASURE`` (default: CUDA only)."""
+    if value is None:
+        return ("cuda",)
+    types = tuple(t.strip() for t in value.split(",") if t.strip())
+    unknown = [t for t in types if t not in CANDIDATES]
+    if unknown:
+        raise ValueError(f"{ENV}={value!r}: unknown device type(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(CANDIDATES)} (empty: measure nowhere)")
+    return types
+
+
+MEASURED_ON = measured_on(os.environ.get(ENV))
 TORCH_PRIORITY = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION")
 MARGIN = 0.05  # how much faster than SDPA's own pick a kernel must be to be chosen
 AGREEMENT = 2e-2  # bf16 keeps 8 bits of mantissa: kernels that sum in other orders differ ~1e-3

@@ -86,6 +86,20 @@ def test_slapo_tp_follows_the_plain_model(records):
     assert tp.loss[0] != tp.loss[1]  # the optimizer moved
 
 
+def test_slapo_tp_on_measured_attention_kernels_follows_the_plain_model(records, tmp_path):
+    """The CUDA path's measured SDPA kernels (slapo.op.sdpa_backend), asked for on CPU by the
+    environment: the record lists what rank 0 measured, and the losses stay eager's."""
+    _, record = run_case(tmp_path / "measured.json", *CASES["slapo-megatron"],
+                         SLAPO_SDPA_MEASURE="cpu")
+    assert record.status == "ok", record.reason
+    kernels = record.metrics.extra["attention_kernels"]
+    assert kernels and {k["device"] for k in kernels} == {"cpu"}, kernels
+    assert all(k["order"] for k in kernels)
+    notes = record.metrics.extra["notes"]
+    assert sum(n.startswith("SDPA kernel measured on cpu") for n in notes) == len(kernels)
+    assert record.metrics.loss == pytest.approx(records["eager"].metrics.loss, rel=LOSS_RTOL)
+
+
 def test_batch_split_and_sharding(records):
     info = {name: r.metrics.extra for name, r in records.items()}
     params = {name: r.metrics.params for name, r in records.items()}

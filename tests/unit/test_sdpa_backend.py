@@ -247,3 +247,11 @@ def test_a_call_sdpa_itself_cannot_run_is_left_to_sdpa(measured_on_cpu, monkeypa
     result = sdpa_backend.measure(_call())
     assert result == {"order": (), "times_ms": {},
                       "excluded": {"all": "SDPA's own kernel did not run: out of memory"}}
+
+
+def test_the_environment_names_the_devices_to_measure_on():
+    assert sdpa_backend.measured_on(None) == ("cuda",)
+    assert sdpa_backend.measured_on("cpu, cuda") == ("cpu", "cuda")
+    assert sdpa_backend.measured_on("") == ()
+    with pytest.raises(ValueError, match=r"SLAPO_SDPA_MEASURE='gpu': unknown device type\(s\) gpu"):
+        sdpa_backend.measured_on("gpu")
