@@ -27,9 +27,14 @@ GPU time on one H200) and torch's default on CPU (a for-loop there). The same fo
 baselines as for Slapo: the comparison is about the schedule, not the optimizer.
 
 Bf16 weights with fp32 master copies kept by the optimizer (Megatron-LM's Float16Module) are
-not used: without a fused mixed-precision AdamW in this stack, the master-weight step moves
-the same bytes as autocast (a gradient up-cast and a weight down-cast per step) in more
-kernels.
+not used. For the weights it would move the same bytes as autocast (a gradient up-cast and a
+weight down-cast per step, in more kernels without a fused mixed-precision AdamW in this
+stack). What it would change is the activations: under autocast the residual stream is fp32
+(a LayerNorm's output, which autocast computes in fp32, plus the bf16 output of the next
+matmul promotes to fp32), so every norm, residual add and dropout around it reads and writes
+fp32, forward and backward, where in bf16 weights without autocast it is bf16. That is a
+precision policy for every torch-native system alike (the paper ran every system in its
+framework's fp16), not a schedule's choice, and it is not measured here: left for a GPU.
 """
 from __future__ import annotations
 
