@@ -50,8 +50,9 @@ def test_every_candidate_that_agrees_is_timed_and_ordered_fastest_first(measured
     result = sdpa_backend.measure(_call(causal=True))
     assert set(result["order"]) == {"FLASH_ATTENTION", "MATH"}
     assert result["excluded"] == {}
-    times = [result["times_ms"][name] for name in result["order"]]
-    assert times == sorted(times) and all(t > 0 for t in times)
+    assert all(t > 0 for t in result["times_ms"].values())
+    # the order is the times' (whichever way a loaded machine timed them)
+    assert result["order"] == sdpa_backend.fastest_first(result["times_ms"])
 
 
 def test_a_backend_that_cannot_serve_the_call_is_left_out_with_the_reason(
