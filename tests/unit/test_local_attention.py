@@ -78,6 +78,7 @@ def test_attention_takes_it_for_whole_windows_without_padding_on_cuda(
     assert len(calls) == int(chunked)
 
 
+@pytest.mark.slow
 def test_gpt_neo_compiled_schedule_on_chunks_trains_as_the_plain_model(monkeypatch):
     """GPT-Neo's local layer (window 16) by chunks inside its compiled layer: the plain
     model's loss and gradients (relative error of each gradient at most 1e-4)."""

@@ -119,6 +119,7 @@ def test_attention_under_the_measured_kernel_equals_sdpa_eager_and_compiled(
     assert len(sdpa_backend.measurements()) == 1  # the trace reused the eager call's choice
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert-tiny", "llama-tiny"])
 def test_compiled_schedule_measures_inside_its_layers_and_trains_as_the_plain_model(
         measured_on_cpu, name):
@@ -256,3 +257,24 @@ def test_the_environment_names_the_devices_to_measure_on():
     assert sdpa_backend.measured_on("") == ()
     with pytest.raises(ValueError, match=r"SLAPO_SDPA_MEASURE='gpu': unknown device type\(s\) gpu"):
         sdpa_backend.measured_on("gpu")
+
+
+@pytest.mark.slow
+def test_t5s_compiled_blocks_stay_whole_with_the_measurement(measured_on_cpu):
+    """T5's block code serves the encoder's length and the decoder's: compiled for dynamic
+    shapes (torch's default after a second shape), the measurement's arguments were no
+    constants and Dynamo broke the graph at every call; the schedules compile statically."""
+    import torch._dynamo.utils
+
+    import slapo
+    from slapo.model_schedule import schedule_model
+    from slapo_ae.zoo import build_model, no_dropout, synthetic_batch
+
+    torch.manual_seed(0)
+    model = build_model("t5-tiny", **no_dropout("t5-tiny"))
+    schedule_model(slapo.create_schedule(model), tensor_parallel=False, kernel_opt=True,
+                   device="cpu", compile_layers=True)
+    torch._dynamo.utils.counters.clear()
+    model(**synthetic_batch(model.config, 2, 16, 8, seed=0)).loss.backward()
+    assert dict(torch._dynamo.utils.counters["graph_break"]) == {}
+    assert {m["q_len"] for m in sdpa_backend.measurements()} == {16, 8}
