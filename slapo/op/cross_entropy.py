@@ -233,7 +233,7 @@ def real_vocab_size(model) -> int | None:
     """The words of ``model``'s LM head where its vocabulary shard is padded past them
     (``shard(pad=True)``), else None: nothing to leave out."""
     spec = padded_vocab_spec(model)
-    return spec.full_shape[0] if spec is not None else None
+    return spec.full_shape[spec.axis] if spec is not None else None
 
 
 def compiled_loss(sch, kind: str) -> None:

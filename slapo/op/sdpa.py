@@ -166,9 +166,10 @@ def local_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     window 256: 0.44 of the dense work)."""
     batch, _, length, _ = query.shape
     chunks = length // window
-    head = slice(0, window)
-    first = scaled_dot_product_attention(query[:, :, head], key[:, :, head], value[:, :, head],
-                                         dropout_p=dropout_p, is_causal=True, scale=scale)
+    chunk0 = slice(0, window)
+    first = scaled_dot_product_attention(query[:, :, chunk0], key[:, :, chunk0],
+                                         value[:, :, chunk0], dropout_p=dropout_p,
+                                         is_causal=True, scale=scale)
 
     def as_batch(t):  # [B, h, n, L, D] -> [B * n, h, L, D]
         return t.transpose(1, 2).flatten(0, 1)
