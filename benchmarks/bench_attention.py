@@ -8,7 +8,7 @@ where ``--scale 8`` divides the batches by 8 to keep it short):
 
 - SDPA's kernels for each model's attention without a mask, as ``slapo.op.sdpa_backend``
   measures them at a schedule's first call (cuDNN, flash, memory-efficient on CUDA; flash and
-  math on CPU), and the order it would choose;
+  math on CPU), the kernel SDPA picks by itself, and the order it would choose;
 - GPT-Neo-1.3B's local layer (window 256, 1024 tokens): the dense call under the window's mask
   against ``slapo.op.sdpa.local_attention`` (by chunks of the window, each chunk call on its
   measured kernel where the device measures), interleaved round by round, the first round a
@@ -55,7 +55,8 @@ def sdpa_kernels(device: torch.device, dtype: torch.dtype, scale: int) -> dict:
             str(dtype).removeprefix("torch."), str(device), causal, dropout, None)
         results[name] = sdpa_backend.measure(call)
         times = ", ".join(f"{k} {v:.3g} ms" for k, v in results[name]["times_ms"].items())
-        print(f"{name}: {times or 'none ran'}; left out: {results[name]['excluded'] or 'none'}")
+        print(f"{name}: {times or 'none ran'}; SDPA's own pick: {results[name]['sdpa_own']}; "
+              f"left out: {results[name]['excluded'] or 'none'}")
     return results
 
 

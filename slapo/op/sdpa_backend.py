@@ -1,17 +1,23 @@
 """Which of SDPA's kernels Slapo's attention runs on, measured on the device.
 
-``torch.nn.functional.scaled_dot_product_attention`` picks its kernel by a fixed priority,
-the same on every GPU: flash attention first, cuDNN's attention after the math kernel. Which
-one trains fastest depends on the GPU: huggingface/transformers pull request 48163 (2026-08,
-six GPUs) measured cuDNN's 1.7x to 2.3x faster than the flash kernel for training shapes on
-Hopper, and slower on Ampere (0.82x on A100) and Blackwell. Rather than a rule per
-architecture, :func:`backend_order` measures, on a device in ``MEASURED_ON`` (CUDA; the
-environment's ``SLAPO_SDPA_MEASURE`` names others, or none when empty), at the first
-call of each shape (strides, mask and dtype included): the forward and backward of each
-backend in ``CANDIDATES`` that can serve the call, each checked against the kernel SDPA picks
-by itself (relative error of the output and of the three input gradients at most
-``AGREEMENT``, without dropout), ordered by their median time with the call's dropout,
-fastest first (SDPA's own pick first unless another is ``MARGIN`` faster).
+``torch.nn.functional.scaled_dot_product_attention`` picks its kernel by a priority that
+PyTorch sets per build and GPU: flash attention first and cuDNN's attention behind the math
+kernel (an opt-in) by default; cuDNN's first on sm90 and sm100 GPUs (H100, H200, B200) where
+the bundled cuDNN is 9.15.1 or newer (torch 2.10 and later; the device machines' torch
+2.11+cu130 is such a build), after fixes for lengths that are not multiples of 128. Which
+kernel trains fastest at a shape is the GPU's to say: huggingface/transformers pull request
+48163 (2026-08) measured cuDNN's 1.7x to 2.3x faster than flash for training shapes on Hopper
+and slower on A100 (0.82x) and a Blackwell workstation card (0.88x), and was closed because
+PyTorch already puts cuDNN first on Hopper builds whose cuDNN it trusts. So rather than a rule
+per architecture, :func:`backend_order` measures, on a device in ``MEASURED_ON`` (CUDA; the
+environment's ``SLAPO_SDPA_MEASURE`` names others, or none when empty), at the first call of
+each shape (strides, mask and dtype included): the forward and backward of each backend in
+``CANDIDATES`` that can serve the call, each checked against the kernel SDPA picks by itself
+(relative error of the output and of the three input gradients at most ``AGREEMENT``, without
+dropout), ordered by their median time with the call's dropout, fastest first (SDPA's own pick
+first unless another is ``MARGIN`` faster). cuDNN's attention is left out where SDPA keeps it
+behind its math kernel: the measurement reorders the kernels PyTorch trusts on the build and
+GPU, and opts into none it does not. The record names SDPA's own pick beside the choice.
 :func:`slapo.op.sdpa.scaled_dot_product_attention`, through which all of Slapo's attention
 calls SDPA, runs it under that priority (``torch.nn.attention.sdpa_kernel(...,
 set_priority=True)``, the math kernel last), so a call the first backend cannot serve falls
@@ -59,7 +65,6 @@ def measured_on(value: str | None) -> tuple[str, ...]:
 
 
 MEASURED_ON = measured_on(os.environ.get(ENV))
-TORCH_PRIORITY = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION")
 MARGIN = 0.05  # how much faster than SDPA's own pick a kernel must be to be chosen
 AGREEMENT = 2e-2  # bf16 keeps 8 bits of mantissa: kernels that sum in other orders differ ~1e-3
 WARMUP, REPEATS = 2, 5
@@ -115,7 +120,8 @@ def backend_order(batch: int, heads: int, kv_heads: int, q_len: int, k_len: int,
 
 def measurements() -> list[dict]:
     """Every call measured in this process: its shape, the candidates' median milliseconds
-    (forward and backward), the ones left out and why, and the order chosen."""
+    (forward and backward), the ones left out and why, the kernel SDPA would have run by
+    itself, and the order chosen."""
     return [{**asdict(call), **result} for call, result in _MEASURED.items()]
 
 
@@ -132,7 +138,8 @@ def describe(measured: list[dict]) -> list[str]:
             f"SDPA kernel measured on {m['device']} for {call}, dropout {m['dropout_p']:g}, "
             f"forward and backward: {times or 'none ran'}"
             f" -> {m['order'][0] if m['order'] else 'SDPA default'}"
-            + (f" (left out: {left_out})" if left_out else ""))
+            f" (SDPA's own pick: {m['sdpa_own'] or 'none'}"
+            + (f"; left out: {left_out})" if left_out else ")"))
     return lines
 
 
@@ -161,9 +168,15 @@ def measure(call: AttentionCall) -> dict:
         try:
             reference = _forward_backward(None, q, k, v, grad, kwargs)
         except RuntimeError as err:  # out of memory, say: the call itself will tell
-            return {"order": (), "times_ms": {}, "excluded": {
+            return {"order": (), "times_ms": {}, "sdpa_own": None, "excluded": {
                 "all": "SDPA's own kernel did not run: " + str(err).strip().splitlines()[0]}}
+        own = sdpa_pick(q, k, v, dict(kwargs, dropout_p=call.dropout_p))
+        priority = sdpa_priority()  # read after SDPA's first call, where CUDA settles it
         for name in CANDIDATES.get(device.type, ()):
+            if not trusted(name, priority):
+                excluded[name] = ("SDPA keeps it behind its math kernel on this build and "
+                                  "GPU (an opt-in); not opted into")
+                continue
             backend = getattr(SDPBackend, name)
             try:
                 result = _forward_backward(backend, q, k, v, grad, kwargs)
@@ -176,21 +189,40 @@ def measure(call: AttentionCall) -> dict:
                     functools.partial(_forward_backward, backend, q, k, v, grad, timed), device)
             except RuntimeError as err:  # "No available kernel", or the kernel's own refusal
                 excluded[name] = "cannot serve the call: " + str(err).strip().splitlines()[0]
-    order = fastest_first(times)
+    order = fastest_first(times, own)
     return {"order": order, "times_ms": {name: times[name] for name in order},
-            "excluded": excluded}
+            "sdpa_own": own, "excluded": excluded}
 
 
-def fastest_first(times: dict[str, float]) -> tuple[str, ...]:
-    """Backend names by their time, fastest first, except that SDPA's own pick (the first
-    of ``TORCH_PRIORITY`` timed) stays first unless another is faster by more than
-    ``MARGIN``: a choice that noise could flip would differ from run to run and rank to rank."""
+def fastest_first(times: dict[str, float], own: str | None) -> tuple[str, ...]:
+    """Backend names by their time, fastest first, except that SDPA's own pick ``own``, if
+    timed, stays first unless another is faster by more than ``MARGIN``: a choice that noise
+    could flip would differ from run to run and rank to rank."""
     order = sorted(times, key=times.get)
-    default = next((name for name in TORCH_PRIORITY if name in times), None)
-    if default is not None and times[default] <= times[order[0]] * (1 + MARGIN):
-        order.remove(default)
-        order.insert(0, default)
+    if own in times and times[own] <= times[order[0]] * (1 + MARGIN):
+        order.remove(own)
+        order.insert(0, own)
     return tuple(order)
+
+
+def sdpa_priority() -> tuple[str, ...]:
+    """SDPA's backend priority in this process (SDPBackend names): the one ``sdpa_kernel``
+    reads and sets. On CUDA, PyTorch settles its default at SDPA's first call."""
+    return tuple(SDPBackend(i).name for i in torch._C._get_sdp_priority_order())
+
+
+def trusted(name: str, priority: tuple[str, ...]) -> bool:
+    """Whether SDPA would try ``name`` before its math kernel. PyTorch keeps cuDNN's attention
+    behind math (to be opted into) on builds and GPUs whose cuDNN it does not prefer."""
+    return name == "MATH" or priority.index(name) < priority.index("MATH")
+
+
+def sdpa_pick(q, k, v, kwargs: dict) -> str | None:
+    """The kernel SDPA runs by itself for these inputs (its priority and its checks), as an
+    SDPBackend name; None where it names none."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))  # as in training
+    choice = SDPBackend(int(torch._fused_sdp_choice(q, k, v, **kwargs))).name
+    return None if choice == "ERROR" else choice
 
 
 def _mask(call: AttentionCall, generator: torch.Generator) -> torch.Tensor | None:

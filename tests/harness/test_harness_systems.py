@@ -94,7 +94,7 @@ def test_slapo_tp_on_measured_attention_kernels_follows_the_plain_model(records,
     assert record.status == "ok", record.reason
     kernels = record.metrics.extra["attention_kernels"]
     assert kernels and {k["device"] for k in kernels} == {"cpu"}, kernels
-    assert all(k["order"] for k in kernels)
+    assert all(k["order"] and k["sdpa_own"] for k in kernels)
     notes = record.metrics.extra["notes"]
     assert sum(n.startswith("SDPA kernel measured on cpu") for n in notes) == len(kernels)
     assert record.metrics.loss == pytest.approx(records["eager"].metrics.loss, rel=LOSS_RTOL)

@@ -52,7 +52,8 @@ def test_every_candidate_that_agrees_is_timed_and_ordered_fastest_first(measured
     assert result["excluded"] == {}
     assert all(t > 0 for t in result["times_ms"].values())
     # the order is the times' (whichever way a loaded machine timed them)
-    assert result["order"] == sdpa_backend.fastest_first(result["times_ms"])
+    assert result["order"] == sdpa_backend.fastest_first(result["times_ms"], "FLASH_ATTENTION")
+    assert result["sdpa_own"] == "FLASH_ATTENTION"  # CPU's SDPA: its flash kernel, no dropout
 
 
 def test_a_backend_that_cannot_serve_the_call_is_left_out_with_the_reason(
@@ -86,7 +87,7 @@ def test_measured_once_per_shape_and_listed_for_the_record(measured_on_cpu):
     line = sdpa_backend.describe(measured)[0]
     assert line.startswith("SDPA kernel measured on cpu for [2, 4, 32, 8] float32 causal, "
                            "dropout 0, forward and backward: ")
-    assert line.endswith(f"-> {measured[0]['order'][0]}")
+    assert line.endswith(f"-> {measured[0]['order'][0]} (SDPA's own pick: FLASH_ATTENTION)")
 
 
 def test_the_training_random_stream_is_left_as_it_was(measured_on_cpu):
@@ -205,22 +206,63 @@ def test_local_attention_by_chunks_on_measured_kernels_equals_the_dense_call(mea
 
 
 def test_sdpas_own_pick_stays_first_unless_another_is_clearly_faster():
-    assert sdpa_backend.fastest_first({"CUDNN_ATTENTION": 1.0, "FLASH_ATTENTION": 1.04,
-                                       "EFFICIENT_ATTENTION": 2.0}) == (
+    times = {"CUDNN_ATTENTION": 1.0, "FLASH_ATTENTION": 1.04, "EFFICIENT_ATTENTION": 2.0}
+    assert sdpa_backend.fastest_first(times, "FLASH_ATTENTION") == (
         "FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
-    assert sdpa_backend.fastest_first({"CUDNN_ATTENTION": 1.0, "FLASH_ATTENTION": 1.2}) == (
-        "CUDNN_ATTENTION", "FLASH_ATTENTION")
-    # flash cannot serve a masked call: the memory-efficient kernel is SDPA's pick then
-    assert sdpa_backend.fastest_first({"CUDNN_ATTENTION": 1.0, "EFFICIENT_ATTENTION": 1.03}) == (
-        "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
-    assert sdpa_backend.fastest_first({}) == ()
+    assert sdpa_backend.fastest_first(times, "CUDNN_ATTENTION") == (
+        "CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+    assert sdpa_backend.fastest_first({"CUDNN_ATTENTION": 1.0, "FLASH_ATTENTION": 1.2},
+                                      "FLASH_ATTENTION") == ("CUDNN_ATTENTION", "FLASH_ATTENTION")
+    # SDPA's own pick not among those timed (math on CUDA, say): by time alone
+    assert sdpa_backend.fastest_first({"CUDNN_ATTENTION": 1.0, "EFFICIENT_ATTENTION": 1.03},
+                                      "MATH") == ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+    assert sdpa_backend.fastest_first({}, None) == ()
 
 
-def test_torch_priority_is_the_one_sdpa_uses():
-    from torch.nn.attention import SDPBackend
+def test_sdpas_own_pick_is_the_kernel_sdpa_runs():
+    """Read from SDPA's own selection, not from a fixed list: on sm90/sm100 GPUs with a recent
+    cuDNN PyTorch puts cuDNN's attention first, elsewhere flash. Checked against the aten
+    kernel SDPA dispatches to, with and without dropout (CPU's flash kernel takes none)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    order = [SDPBackend(i).name for i in torch._C._get_sdp_priority_order()]
-    assert tuple(name for name in order if name != "OVERRIDEABLE") == sdpa_backend.TORCH_PRIORITY
+    class Kernels(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ran = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ran.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = _qkv()
+    picks = {}
+    for dropout_p in (0.0, 0.1):
+        picks[dropout_p] = sdpa_backend.sdpa_pick(q, k, v, {"dropout_p": dropout_p})
+        with Kernels() as kernels:
+            F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        flash = "_scaled_dot_product_flash_attention_for_cpu.default" in kernels.ran
+        math = "bmm.default" in kernels.ran  # the math kernel is written in aten ops
+        assert (flash, math) == (picks[dropout_p] == "FLASH_ATTENTION",
+                                 picks[dropout_p] == "MATH"), (picks, kernels.ran)
+    assert picks == {0.0: "FLASH_ATTENTION", 0.1: "MATH"}
+
+
+def test_cudnn_is_not_opted_into_where_sdpa_keeps_it_behind_math(measured_on_cpu, monkeypatch):
+    """PyTorch's default priority keeps cuDNN's attention after the math kernel (to be opted
+    into) except on the GPUs and cuDNN versions it prefers it for: the measurement reorders
+    the kernels SDPA would try before math, and adds none."""
+    behind = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION", "OVERRIDEABLE")
+    preferred = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH",
+                 "OVERRIDEABLE")
+    assert not sdpa_backend.trusted("CUDNN_ATTENTION", behind)
+    assert sdpa_backend.trusted("CUDNN_ATTENTION", preferred)
+    assert sdpa_backend.trusted("FLASH_ATTENTION", behind) and sdpa_backend.trusted("MATH", behind)
+    # read from SDPA itself: this CPU build's default keeps cuDNN behind math
+    assert sdpa_backend.sdpa_priority()[:4] == behind[:4]
+    monkeypatch.setitem(sdpa_backend.CANDIDATES, "cpu", ("CUDNN_ATTENTION", "FLASH_ATTENTION"))
+    result = sdpa_backend.measure(_call())
+    assert result["order"] == ("FLASH_ATTENTION",)
+    assert "behind its math kernel" in result["excluded"]["CUDNN_ATTENTION"]
 
 
 def test_measured_inside_a_checkpointed_compiled_region(measured_on_cpu):
@@ -247,7 +289,7 @@ def test_a_call_sdpa_itself_cannot_run_is_left_to_sdpa(measured_on_cpu, monkeypa
 
     monkeypatch.setattr(sdpa_backend, "_forward_backward", refuse)
     result = sdpa_backend.measure(_call())
-    assert result == {"order": (), "times_ms": {},
+    assert result == {"order": (), "times_ms": {}, "sdpa_own": None,
                       "excluded": {"all": "SDPA's own kernel did not run: out of memory"}}
 
 
