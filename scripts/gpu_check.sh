@@ -43,9 +43,9 @@ out=${1:-results/reference/$gpu/$part}
 shift || true
 mkdir -p "$out"
 python3 -c "import torch, transformers, deepspeed, megatron.core as m; print('torch', \
-torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__, \
-'megatron-core', m.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() \
-else 'no GPU')"
+torch.__version__, 'cuDNN', torch.backends.cudnn.version(), 'transformers', \
+transformers.__version__, 'deepspeed', deepspeed.__version__, 'megatron-core', m.__version__, \
+torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"
 echo "set-up: $((SECONDS - start)) s"
 status=0
 if [[ $part == workflow ]]; then

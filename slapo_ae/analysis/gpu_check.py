@@ -215,8 +215,18 @@ def load_records(folder) -> dict:
     return records
 
 
+def cudnn_text(version: int) -> str:
+    """``torch.backends.cudnn.version()`` as cuDNN writes it: 91501 -> 9.15.1, 8907 -> 8.9.7."""
+    major, rest = divmod(version, 10000 if version >= 10000 else 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
 def _hardware(records: dict) -> str:
-    names = sorted({f"{r.env.get('device_name')} (torch {r.env.get('torch')})"
+    def versions(env):  # cuDNN's decides which attention kernel SDPA prefers
+        return f"torch {env.get('torch')}" + (
+            f", cuDNN {cudnn_text(env['cudnn'])}" if env.get("cudnn") else "")
+
+    names = sorted({f"{r.env.get('device_name')} ({versions(r.env)})"
                     for r in records.values() if r.status == "ok"})
     return "; ".join(names) or "no ok record"
 

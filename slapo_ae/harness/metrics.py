@@ -149,10 +149,14 @@ def memory_growth_note(samples: list[list[int] | None], sample_steps: list[int])
 
 
 def device_info() -> dict:
-    """Accelerator name and count (CUDA through torch), or the CPU when there is none."""
+    """Accelerator name and count (CUDA through torch), or the CPU when there is none; with
+    the cuDNN version torch loaded (which of SDPA's attention kernels PyTorch prefers depends
+    on it: ``slapo.op.sdpa_backend``)."""
     import torch
 
     if torch.cuda.is_available():
         return {"device_name": torch.cuda.get_device_name(0),
-                "device_count": torch.cuda.device_count(), "cuda": torch.version.cuda}
-    return {"device_name": f"cpu ({platform.machine()})", "device_count": 0, "cuda": None}
+                "device_count": torch.cuda.device_count(), "cuda": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version()}
+    return {"device_name": f"cpu ({platform.machine()})", "device_count": 0, "cuda": None,
+            "cudnn": None}

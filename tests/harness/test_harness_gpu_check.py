@@ -14,7 +14,7 @@ from harness_util import REPO, env
 from slapo_ae.analysis.gpu_check import judge, judge_model
 from slapo_ae.record import Metrics, Record, write_record
 
-H200 = {"device_name": "NVIDIA H200", "torch": "2.11.0"}
+H200 = {"device_name": "NVIDIA H200", "torch": "2.11.0", "cudnn": 91501}
 
 
 LOSSES = [10.5, 10.45, 10.4]
@@ -27,6 +27,13 @@ def rec(mode, rate=None, mfu=None, status="ok", model="bert-large-uncased", peak
     case = {"id": f"{mode}__{model}", "mode": mode, "model": model, "gpus": 1}
     return Record(status=status, case=case, reason="" if status == "ok" else "CUDA OOM",
                   metrics=metrics, env=H200)
+
+
+def test_cudnn_versions_read_as_cudnn_writes_them():
+    from slapo_ae.analysis.gpu_check import cudnn_text
+
+    assert [cudnn_text(v) for v in (91501, 91900, 90100, 8907)] == [
+        "9.15.1", "9.19.0", "9.1.0", "8.9.7"]
 
 
 def verdicts(*records, model="bert-large-uncased"):
@@ -126,7 +133,7 @@ def test_judge_writes_the_summary(tmp_path):
         write_record(r, tmp_path / f"{r.id}.json")
     judge(tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["hardware"] == "NVIDIA H200 (torch 2.11.0)"
+    assert summary["hardware"] == "NVIDIA H200 (torch 2.11.0, cuDNN 9.15.1)"
     assert [v["verdict"] for v in summary["verdicts"]] == ["PASS", "NOT-RUN", "PASS", "PASS"]
     text = (tmp_path / "summary.md").read_text()
     assert "| bert-large-uncased | T1 | PASS | 1.65x | 1.1x |" in text

@@ -110,6 +110,16 @@ def test_collect_env_has_versions_and_host():
     assert "cpu_model" in env and env["cpu_count"] >= 1
 
 
+def test_the_device_names_its_cuda_and_cudnn_versions():
+    """Which of SDPA's attention kernels PyTorch prefers depends on the cuDNN it loaded: the
+    record says which (None without CUDA, as here)."""
+    from slapo_ae.harness.metrics import device_info
+
+    info = device_info()
+    assert set(info) == {"device_name", "device_count", "cuda", "cudnn"}
+    assert (info["cuda"], info["cudnn"]) == (None, None) or info["device_count"] > 0
+
+
 def test_the_cpu_model_comes_from_the_kernel_else_the_platform(tmp_path, monkeypatch):
     from slapo_ae.record import cpu_model
 
