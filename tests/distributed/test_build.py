@@ -161,11 +161,7 @@ def test_build_refuses_unknown_targets_and_options():
 def _run_deepspeed():
     import deepspeed
 
-    from slapo_ae.harness.systems.deepspeed_zero3 import quiet_deepspeed
-
-    quiet_deepspeed("cpu")  # no shared-memory op to compile on CPU (see the harness)
-    os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))  # what torchrun would set
-    torch.manual_seed(0)
+    _start_zero3_rank()
     plain = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 1))
     sch = slapo.create_schedule(copy.deepcopy(plain))
     sch["0"].checkpoint()
@@ -272,17 +268,35 @@ def test_the_build_keeps_torch_linear_in_compiled_regions_under_zero3(monkeypatc
     assert handed[1]["zero_optimization"]["memory_efficient_linear"] is True
 
 
+def _start_zero3_rank():
+    """What each rank of the ZeRO-3 tests below does first."""
+    from slapo_ae.harness.systems.deepspeed_zero3 import quiet_deepspeed
+
+    quiet_deepspeed("cpu")  # no shared-memory op to compile on CPU (see the harness)
+    os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))  # what torchrun would set
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+
+
+def _zero3_steps(engine, inputs, loss_of) -> tuple[list[float], list[str]]:
+    """One ZeRO-3 step per input; returns the losses and the engine's leaf modules."""
+    losses = []
+    for x in inputs:
+        loss = loss_of(engine, x)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    leaves = [n for n, m in engine.module.named_modules() if getattr(m, "_z3_leaf", False)]
+    return losses, leaves
+
+
 def _zero3_train(compiled: bool, leaves: bool):
     """Three ZeRO-3 steps of an embedding and two blocks, the first block checkpointed, each
     compiled by ``compile`` into a graph-counting backend or not; returns the losses, the
     graphs compiled per region and the leaf modules."""
     import slapo.engines
-    from slapo_ae.harness.systems.deepspeed_zero3 import quiet_deepspeed
 
-    quiet_deepspeed("cpu")
-    os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
+    _start_zero3_rank()
     sch = slapo.create_schedule(nn.Sequential(Embed(), Block(), Block()))
     graphs = {"0": 0, "1": 0, "2": 0}
 
@@ -302,13 +316,7 @@ def _zero3_train(compiled: bool, leaves: bool):
     engine, _ = slapo.build(sch, target="deepspeed", init_weights=False, config=ZERO3,
                             optimizer=optimizer)
     ids = torch.randint(0, 10, (2, 3), generator=torch.Generator().manual_seed(dist.get_rank()))
-    losses = []
-    for _ in range(3):
-        loss = engine(ids).pow(2).mean()
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-    leaf_names = [n for n, m in engine.module.named_modules() if getattr(m, "_z3_leaf", False)]
+    losses, leaf_names = _zero3_steps(engine, [ids] * 3, lambda e, x: e(x).pow(2).mean())
     return losses, graphs, leaf_names
 
 
@@ -353,13 +361,9 @@ def _zero3_schedule(model_name: str, compiled: bool, layer_leaves: bool = False)
     batch, its layers compiled (Inductor on CPU, the CUDA path) or not, its layers ZeRO-3
     leaf modules or not; returns the losses and the leaf modules."""
     from slapo.model_schedule import schedule_model
-    from slapo_ae.harness.systems.deepspeed_zero3 import quiet_deepspeed
     from slapo_ae.zoo import build_model, no_dropout, synthetic_batch
 
-    quiet_deepspeed("cpu")
-    os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
-    torch._dynamo.reset()
-    torch.manual_seed(0)
+    _start_zero3_rank()
     model = build_model(model_name, **no_dropout(model_name))
     sch = slapo.create_schedule(model)
     schedule_model(sch, tensor_parallel=False, kernel_opt=True, ckpt_ratio=0.5, device="cpu",
@@ -367,15 +371,9 @@ def _zero3_schedule(model_name: str, compiled: bool, layer_leaves: bool = False)
     optimizer = torch.optim.SGD(sch.mod.parameters(), lr=0.1)
     engine, _ = slapo.build(sch, target="deepspeed", init_weights=False, config=ZERO3,
                             optimizer=optimizer, zero3_layer_leaves=layer_leaves)
-    losses = []
-    for step in range(3):
-        batch = synthetic_batch(model.config, 2, 16, 8, seed=10 * step + dist.get_rank())
-        loss = engine(**batch).loss
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-    leaves = [n for n, m in engine.module.named_modules() if getattr(m, "_z3_leaf", False)]
-    return losses, leaves
+    batches = [synthetic_batch(model.config, 2, 16, 8, seed=10 * step + dist.get_rank())
+               for step in range(3)]
+    return _zero3_steps(engine, batches, lambda e, batch: e(**batch).loss)
 
 
 @pytest.mark.slow
