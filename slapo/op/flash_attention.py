@@ -3,7 +3,7 @@
 
 Upstream chose among xFormers, flash-attention (Triton or CUDA) and reference kernels by
 ``attn_op_name``. Those packages are not part of this stack: every name upstream accepted is
-taken and computed by SDPA, which picks its flash or memory-efficient kernel on CUDA itself
+taken and computed by SDPA, which picks its cuDNN, flash or memory-efficient kernel on CUDA
 (``attn_op_name`` is kept on the module, for records). The constructor arguments, the
 forward signature, the outputs and the parameter names (``qkv`` or ``query``/``key``/
 ``value``, ``out_proj``) are upstream's, so its schedules find what they shard:

@@ -17,7 +17,8 @@ One function, ``attention``, covers what the model families of the paper need:
 When no mask, bias or window is needed and ``Q == K``, SDPA gets ``is_causal`` and no mask, which
 lets CUDA run its flash or cuDNN kernel: which one is measured on the device at the first call
 of each shape (``sdpa_backend``); otherwise the masks are merged into one tensor (boolean when all
-parts are boolean, additive float otherwise) and SDPA picks the memory-efficient or math kernel.
+parts are boolean, additive float otherwise) and SDPA picks a kernel that takes a mask (cuDNN's
+where PyTorch prefers it, the memory-efficient one, or math).
 On CPU with dropout, SDPA can only use its math kernel, whose dropout draws a ``bernoulli_``
 mask; ``attention`` then computes the same math itself with ``slapo.op.dropout``'s CPU kernel
 (measured here, batch 8, 4 heads, seq 128: 7.1 ms forward + backward against SDPA's 9.2 ms).
