@@ -29,9 +29,9 @@ class SlapoZero3System(DeepSpeedZero3System):
     def initialize(self, optimizer, config: dict):
         """DeepSpeed's engine through Slapo's own build (the weights are the zoo model's)."""
         import slapo
-        from slapo.engines import compiled_regions, zero3_leaves
+        from slapo.engines import with_torch_linear, zero3_leaves
 
-        if compiled_regions(self.schedule.mod):
+        if with_torch_linear(self.schedule.mod, config) is not config:  # what the build does
             self.notes.append("ZeRO-3 memory-efficient linear off: compiled regions run "
                               "torch's linear (slapo.engines.with_torch_linear)")
         leaves, refused = zero3_leaves(self.schedule.mod, layers=True)
