@@ -3,8 +3,9 @@
     torchrun --nproc_per_node 2 examples/quickstart.py
 
 Runs on CPU ranks over gloo (or GPUs over NCCL when each rank has one). Prints, on rank 0,
-the loss of the plain and the scheduled model for 3 training steps and the largest relative
-gradient error (sharded gradients gathered back to full shape).
+the loss of the plain and the scheduled model for 3 training steps, the relative error of the
+logits and the largest relative gradient error (sharded logits and gradients gathered back to
+full shape). tests/distributed/test_examples.py runs it.
 """
 
 import copy
@@ -56,7 +57,8 @@ def bert_demo(device, name="bert-tiny", steps=3):
     for step, report in enumerate(reports):
         worst, error = report.max_grad_error
         say(f"{name} step {step}: loss plain {report.loss_plain:.6f} scheduled "
-            f"{report.loss_scheduled:.6f}; largest gradient error {error:.1e} ({worst})")
+            f"{report.loss_scheduled:.6f}; logits error {report.output_error:.1e}; "
+            f"largest gradient error {error:.1e} ({worst})")
 
 
 def main():

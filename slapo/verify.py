@@ -85,13 +85,24 @@ def gradient_errors(plain: nn.Module, scheduled: nn.Module, group=None) -> dict[
     return errors
 
 
+def gathered_output(output: torch.Tensor, reference: torch.Tensor, group=None) -> torch.Tensor:
+    """``output`` at ``reference``'s shape: a vocabulary-sharded output (the last axis split
+    over the ranks, the last shard perhaps padded) is gathered, with autograd, and the padding
+    dropped. A collective where the shapes differ, as they do on every rank alike."""
+    if output.shape == reference.shape:
+        return output
+    output = all_gather_forward(output, -1, group, tensor_parallel_output_grad=False)
+    return output[..., :reference.shape[-1]]
+
+
 def train_side_by_side(plain: nn.Module, scheduled: nn.Module, batches: Iterable[dict],
                        forward: Callable[[nn.Module, dict], tuple[torch.Tensor, torch.Tensor]],
                        lr: float = 0.1, group=None) -> list[StepReport]:
     """Train both models one SGD step per batch and report the errors of every step.
 
-    ``forward(model, batch)`` returns ``(loss, output)``. Parameters are matched by name, so
-    the scheduled model must keep the plain model's parameter names.
+    ``forward(model, batch)`` returns ``(loss, output)``; a vocabulary-sharded output is
+    gathered to be compared. Parameters are matched by name, so the scheduled model must keep
+    the plain model's parameter names.
     """
     opt_plain = torch.optim.SGD(plain.parameters(), lr=lr)
     opt_sched = torch.optim.SGD(scheduled.parameters(), lr=lr)
@@ -101,6 +112,7 @@ def train_side_by_side(plain: nn.Module, scheduled: nn.Module, batches: Iterable
         loss_s, out_s = forward(scheduled, batch)
         loss_p.backward()
         loss_s.backward()
+        out_s = gathered_output(out_s.detach(), out_p, group)
         report = StepReport(loss_p.item(), loss_s.item(), relative_error(out_s, out_p),
                             gradient_errors(plain, scheduled, group))
         reports.append(report)
@@ -313,10 +325,8 @@ class Verify(contextlib.ContextDecorator):
         torch.manual_seed(self.seed)
         out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
         logits = _main_output(out)
-        if reference is not None and logits.shape != reference.shape:
-            # vocabulary-sharded output; the loss below is the same on every rank
-            logits = all_gather_forward(logits, -1, group, tensor_parallel_output_grad=False)
-            logits = logits[..., :reference.shape[-1]]  # less a padded shard's padding
+        if reference is not None:  # the loss below is then the same on every rank
+            logits = gathered_output(logits, reference, group)
         if self.loss_fn is not None:
             loss = self.loss_fn(logits, self.targets)
         else:
