@@ -1,6 +1,6 @@
 """WideResNet: a ResNet of bottleneck blocks whose 3x3 convolutions are widened.
 
-Defined here because torchvision does not load beside the CPU torch build (DESIGN.md). The
+Defined here because torchvision does not load beside the CPU torch build. The
 architecture is the classic one (He et al. 2016; Zagoruyko & Komodakis 2016):
 
     stem      7x7 conv (stride 2) -> BatchNorm -> ReLU -> 3x3 max-pool (stride 2)

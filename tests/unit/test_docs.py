@@ -141,6 +141,19 @@ def test_no_doc_points_at_what_a_reader_of_the_repository_cannot_open(doc):
     assert "REFERENCE.md" not in text, f"{doc} points at a file outside the repository"
 
 
+def test_no_code_or_config_points_at_the_team_s_notes_outside_the_repository():
+    # REFERENCE.md and DESIGN.md are the project team's, not in the repository
+    files = [p for folder in TRACKED if folder != "docs/"
+             for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".cfg", ".sh", ".yaml",
+                                                                ".smk", ".md", "")
+             and p.is_file() and "__pycache__" not in p.parts]
+    files += [ROOT / name for name in TOP_FILES if (ROOT / name).is_file()]
+    this = Path(__file__).resolve()
+    named = sorted(str(p.relative_to(ROOT)) for p in files if p.resolve() != this
+                   and re.search(r"\b(REFERENCE|DESIGN)\.md", p.read_text(errors="replace")))
+    assert not named, f"these name a file outside the repository: {named}"
+
+
 # -- the Snakemake targets the README names ----------------------------------------------------
 # options of snakemake that take a value (the next argument, or several key=value ones)
 VALUED = {"--workflow-profile", "--cores", "-c", "--jobs", "-j", "--resources", "--report",

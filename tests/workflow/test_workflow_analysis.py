@@ -230,10 +230,41 @@ def test_claim_c1_slapo_oom_while_baseline_ran_fails(tmp_path):
     assert claims.check_c1(aggregate.table(paths))["verdict"] == "FAIL"
 
 
+@pytest.mark.parametrize("other", ["unsupported", "failed", None])
+def test_claim_c1_slapo_failing_where_a_baseline_ran_fails_the_point(tmp_path, other):
+    """A crash (or timeout) of Slapo is a failed point, not a missing one: with other points
+    passing, the claim must not pass. Only where each Slapo system is unsupported (or has no
+    case) is the point NOT-RUN."""
+    paths = [rec(tmp_path, "e2e", m, "bert-xlarge", 2, r) for m, r in
+             [("megatron", 10), ("deepspeed", 8), ("slapo-megatron", 12), ("slapo-deepspeed", 9)]]
+    paths += [rec(tmp_path, "e2e", "megatron", "t5-3b", 2, 3),
+              rec(tmp_path, "e2e", "slapo-megatron", "t5-3b", 2, status="failed")]
+    if other:
+        paths.append(rec(tmp_path, "e2e", "slapo-deepspeed", "t5-3b", 2, status=other))
+    c1 = claims.check_c1(aggregate.table(paths))
+    t5 = next(p for p in c1["points"] if p["model"] == "t5-3b")
+    assert t5["verdict"] == "FAIL" and c1["verdict"] == "FAIL"
+    assert t5["why"].startswith("Slapo-TP failed") and t5["why"].endswith("where a baseline ran ok")
+    # each Slapo system unsupported: NOT-RUN, and the claim stands on the points that ran
+    paths = [p for p in paths if "t5-3b" not in str(p)]
+    paths.append(rec(tmp_path / "u", "e2e", "slapo-megatron", "t5-3b", 2, status="unsupported"))
+    paths.append(rec(tmp_path / "u", "e2e", "megatron", "t5-3b", 2, 3))
+    c1 = claims.check_c1(aggregate.table(paths))
+    t5 = next(p for p in c1["points"] if p["model"] == "t5-3b")
+    assert t5["verdict"] == "NOT-RUN" and c1["verdict"] == "PASS"
+    assert t5["why"] == "Slapo-TP unsupported: nothing to compare with a baseline"
+
+
 def test_claim_c4_steps(tmp_path):
+    # the last step failed where the one before ran: a failed step, as a slower one is
     c4 = claims.check_c4(aggregate.ablation_table(ablation_records(tmp_path, (5, 7, 6, None))))
-    assert [p["verdict"] for p in c4["points"]] == ["PASS", "FAIL", "NOT-RUN"]
+    assert [p["verdict"] for p in c4["points"]] == ["PASS", "FAIL", "FAIL"]
+    assert c4["points"][2]["why"] == "+ Embedding TP failed where + Attn/FFN TP ran ok"
     assert c4["verdict"] == "FAIL"
+    # a step the profile cannot run (one GPU: no tensor parallelism) is NOT-RUN
+    c4 = claims.check_c4(aggregate.ablation_table(ablation_records(tmp_path / "p", (5, 7))))
+    assert [p["verdict"] for p in c4["points"]] == ["PASS", "NOT-RUN", "NOT-RUN"]
+    assert c4["verdict"] == "PASS"
 
 
 def test_claim_c4_step_within_the_noise_is_inconclusive(tmp_path):
@@ -280,7 +311,8 @@ def test_claims_cli_writes_md_and_json(tmp_path):
 # -- the report a reviewer quotes: its summary, C2's bar, headers, where and when ---------------
 MEASURED = {"device_name": "cpu (x86_64)", "device_count": 0, "hostname": "vm",
             "git_commit": "d37561b0c0ffee0123456789", "cpu_model": "AMD EPYC 7B13",
-            "cpu_count": 2}
+            "cpu_count": 2, "torch": "2.13.0", "transformers": "5.24.0", "deepspeed": "0.19.8",
+            "megatron_core": "0.16.1"}
 
 
 def timed(paths, start_minute=0, commit=None):
@@ -313,15 +345,20 @@ def test_claims_report_opens_with_three_lines_to_quote(tmp_path):
     setting, verdicts, shows = lines[2:5]
     assert lines[5] == ""
     assert setting == ("- **Setting:** p profile, commit d37561b0c0ff, on CPU ranks over "
-                       "gloo, no GPU (AMD EPYC 7B13, 2 cores) @vm; the cases ran 2026-12-04 "
-                       "10:00-10:07 UTC, 7.5 min wall, then the back-to-back recheck 96 s.")
+                       "gloo, no GPU (AMD EPYC 7B13, 2 cores) @vm, with torch 2.13.0, "
+                       "transformers 5.24.0, DeepSpeed 0.19.8, megatron-core 0.16.1; the cases "
+                       "ran 2026-12-04 10:00-10:07 UTC, 7.5 min wall, then the back-to-back "
+                       "recheck 96 s.")
     assert verdicts.startswith("- **Verdicts:** C1 FAIL (1 PASS, 1 FAIL of 2 points); C2 PASS "
                                "(bar: speedup >= 1.0x beyond the noise; one node PASS, "
-                               "largest 1.25x: the paper's 2.92x not reached; several nodes "
+                               "largest 1.25x: the paper's 2.92x not reached (measured on "
+                               "CPU ranks with a tiny model: not comparable with it); several "
+                               "nodes "
                                "NOT-RUN: no multi-node cases in this profile")
     assert "C3 PASS (7 PASS of 7 points); C4 NOT-RUN (3 NOT-RUN of 3 points)." in verdicts
     assert shows.startswith("- **What they show:** Measured on CPU ranks")
     assert "INCONCLUSIVE means" in shows and "not that the paper's numbers reproduce" in shows
+    assert "on 8 GPUs or more `make reproduce` picks profile `paper`" in shows  # the next step
     # the same in the JSON, with the facts behind the setting line
     assert result["summary"]["setting"] == setting.removeprefix("- **Setting:** ")
     run = result["run"]
@@ -468,9 +505,10 @@ def test_claim_c2_multi_node_half_is_checked_from_figure8(tmp_path):
     assert multi["at"] == {"model": "llama-7b", "gpus": 32}
     assert multi["hardware"] == "NVIDIA H200 x32 on 4 nodes @g"
     points = {(p["gpus"], p["nodes"]): p for p in c2["points"] if p["nodes"] > 1}
-    assert [p["verdict"] for p in points.values()] == ["PASS", "PASS", "NOT-RUN"]
+    # Slapo failed where DeepSpeed ran: a failed point, though C2 ("up to") passes
+    assert [p["verdict"] for p in points.values()] == ["PASS", "PASS", "FAIL"]
     assert points[(16, 2)]["best_slapo"]["system"] == "Slapo-3D"
-    assert points[(64, 8)]["why"] == "no Slapo system ran ok"
+    assert points[(64, 8)]["why"] == "Slapo-TP failed where a baseline ran ok"
     assert c2["single_node"]["verdict"] == "PASS" and c2["verdict"] == "PASS"
     text = claims.to_markdown(claims.check_all(e2e, None, None, multinode=multinode))
     assert "several nodes PASS, largest 1.158x: the paper's 1.41x not reached" in text

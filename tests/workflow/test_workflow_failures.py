@@ -40,7 +40,9 @@ def test_failing_cases_give_rows_and_x_marks(repo):
 
     claims = json.loads((repo.path / "results" / "claims.json").read_text())
     c4 = {c["id"]: c for c in claims["claims"]}["C4"]
-    assert [p["verdict"] for p in c4["points"]] == ["PASS", "PASS", "NOT-RUN"]
+    # the last step crashed where the one before ran: a failed step, not a missing one
+    assert [p["verdict"] for p in c4["points"]] == ["PASS", "PASS", "FAIL"]
+    assert c4["verdict"] == "FAIL"
     # gpt-neo-tiny on 1 rank: the baseline crashed, Slapo-ZeRO3 ran -> C1 passes there
     c1 = {(p["model"], p["gpus"]): p for p in claims["claims"][0]["points"]}
     assert c1[("gpt-neo-tiny", 1)]["verdict"] == "PASS"
