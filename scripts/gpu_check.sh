@@ -37,8 +37,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_BUILD_OPS=0 PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"
-gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower() \
-if torch.cuda.is_available() else 'no-gpu')")
+gpu=$(python3 -c "import torch; from slapo_ae.gpus import model_slug; \
+print(model_slug(torch.cuda.get_device_name(0) if torch.cuda.is_available() else None))")
 out=${1:-results/reference/$gpu/$part}
 shift || true
 mkdir -p "$out"

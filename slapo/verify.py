@@ -203,18 +203,19 @@ class Verify(contextlib.ContextDecorator):
         scheduled = self.sch.mod
         saved_grads = {name: p.grad for name, p in scheduled.named_parameters()}
         modes = {m: m.training for m in scheduled.modules()}
-        rng = torch.get_rng_state()
+        # the check seeds torch (CUDA's generator too): the caller's random state is restored
+        cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []
         try:
-            if pipelined:
-                self._check_pipeline()
-            else:
-                self._check_block()
+            with torch.random.fork_rng(devices=cuda):
+                if pipelined:
+                    self._check_pipeline()
+                else:
+                    self._check_block()
         finally:
             for name, param in scheduled.named_parameters():
                 param.grad = saved_grads[name]
             for module, training in modes.items():
                 module.train(training)
-            torch.set_rng_state(rng)
             self.original = None
         return False
 

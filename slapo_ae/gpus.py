@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 
@@ -56,6 +57,16 @@ def gpu_name(visible: str | None = None) -> str | None:
         args += ["-i", visible.split(",")[0]]
     lines = _smi(*args)
     return lines[0].strip() if lines else None
+
+
+def model_slug(name: str | None) -> str:
+    """A GPU's model as a folder name: its model number where the name has one ("NVIDIA H100
+    80GB HBM3" -> "h100", "NVIDIA A100-SXM4-80GB" -> "a100"), else the whole name, lowercased
+    and dashed; "no-gpu" for none."""
+    if not name:
+        return "no-gpu"
+    model = re.search(r"\b[A-Z]{1,2}\d{2,3}[A-Z]?\b", name)
+    return (model.group(0) if model else re.sub(r"[^0-9A-Za-z]+", "-", name).strip("-")).lower()
 
 
 def describe(device: str, count: int, visible: str | None = None) -> dict:

@@ -77,8 +77,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         softmax, local, owned, valid = ctx.saved_tensors
         grad = softmax  # reused in place: the forward's buffer is not needed again
-        rows = owned.nonzero(as_tuple=True)
-        grad[rows + (local[rows],)] -= 1.0
+        # less 1 at each owned target (local is 0 where not owned, and adds 0 there): a scatter,
+        # where indexing by owned.nonzero() would wait for the GPU at every step
+        grad.scatter_add_(-1, local.unsqueeze(-1), -owned.unsqueeze(-1).to(grad.dtype))
         grad.mul_((grad_loss * valid).unsqueeze(-1))
         return grad.to(ctx.dtype), None, None, None, None
 

@@ -140,7 +140,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         dtype = torch.get_autocast_dtype(device_type)
     mask = None
     if attn_mask is not None:
-        mask = (tuple(attn_mask.shape), str(attn_mask.dtype).removeprefix("torch."))
+        mask = (tuple(attn_mask.shape), str(attn_mask.dtype).removeprefix("torch."),
+                attn_mask.requires_grad)
     order = sdpa_backend.backend_order(
         query.shape[0], query.shape[-3], key.shape[-3], query.shape[-2], key.shape[-2],
         query.shape[-1], (query.stride(), key.stride(), value.stride()),

@@ -75,7 +75,9 @@ class AttentionCall:
     """An SDPA call: ``[batch, heads, q_len, head_dim]`` queries and ``[batch, kv_heads, k_len,
     head_dim]`` keys and values, with the strides of each (a model's are views of its
     projections' ``[batch, length, heads * head_dim]`` outputs, and cuDNN's kernels take some
-    layouts only, or copy the others), and the shape and dtype of its mask, if any."""
+    layouts only, or copy the others), and the shape and dtype of its mask, if any, and
+    whether the mask requires a gradient (T5's position bias does; cuDNN's kernel refuses
+    such a mask)."""
 
     batch: int
     heads: int
@@ -89,7 +91,7 @@ class AttentionCall:
     causal: bool
     dropout_p: float
     scale: float | None
-    mask: tuple[tuple[int, ...], str] | None = None  # (shape, dtype)
+    mask: tuple[tuple[int, ...], str, bool] | None = None  # (shape, dtype, requires grad)
 
 
 _MEASURED: dict[AttentionCall, dict] = {}
@@ -104,12 +106,17 @@ def measures(device_type: str) -> bool:
 def backend_order(batch: int, heads: int, kv_heads: int, q_len: int, k_len: int,
                   head_dim: int, strides: tuple[tuple[int, ...], ...], dtype: str, device: str,
                   causal: bool, dropout_p: float, scale: float | None,
-                  mask: tuple[tuple[int, ...], str] | None = None) -> tuple[str, ...]:
+                  mask: tuple[tuple[int, ...], str, bool] | None = None) -> tuple[str, ...]:
     """SDPBackend names for the call, fastest first, measured at its first call in this
     process (see the module docstring); empty when no candidate can serve it."""
     call = AttentionCall(batch, heads, kv_heads, q_len, k_len, head_dim, strides, dtype,
                          device, causal, dropout_p, scale, mask)
     if call not in _MEASURED:
+        if torch._C._current_graph_task_id() != -1:
+            # inside a backward (a checkpoint's recompute meeting a call its forward did not
+            # make): on CUDA this runs on autograd's device thread, which the measurement's
+            # own backward would wait for; SDPA picks by itself, nothing is recorded
+            return ()
         # in a thread of its own: none of the caller's autograd hooks (checkpointing's
         # saved-tensor hooks, which would count the measurement's tensors as the layer's),
         # autocast, grad mode or dispatch modes (Dynamo's) reach it
@@ -131,7 +138,8 @@ def describe(measured: list[dict]) -> list[str]:
     for m in measured:
         call = (f"[{m['batch']}, {m['heads']}, {m['q_len']}, {m['head_dim']}] {m['dtype']}"
                 + (" causal" if m["causal"] else "")
-                + (f" with a {m['mask'][1]} mask {list(m['mask'][0])}" if m["mask"] else ""))
+                + (f" with a {m['mask'][1]} mask {list(m['mask'][0])}"
+                   + (" that trains" if m["mask"][2] else "") if m["mask"] else ""))
         times = ", ".join(f"{name} {ms:.3g} ms" for name, ms in m["times_ms"].items())
         left_out = "; ".join(f"{name}: {why}" for name, why in m["excluded"].items())
         lines.append(
@@ -229,18 +237,19 @@ def sdpa_pick(q, k, v, kwargs: dict) -> str | None:
 
 
 def _mask(call: AttentionCall, generator: torch.Generator) -> torch.Tensor | None:
-    """A mask of the call's shape and dtype: the kernels' time does not depend on what it
-    masks. Boolean: each key kept with probability 1/2, the first always (no empty row);
-    additive: normal scores."""
+    """A mask of the call's shape and dtype, requiring a gradient where the call's does: the
+    kernels' time does not depend on what it masks. Boolean: each key kept with probability
+    1/2, the first always (no empty row); additive: normal scores."""
     if call.mask is None:
         return None
-    shape, dtype = call.mask
+    shape, dtype, trains = call.mask
     device = torch.device(call.device)
     if dtype == "bool":
         keep = torch.rand(shape, device=device, generator=generator) < 0.5
         keep[..., 0] = True
         return keep
-    return torch.randn(shape, device=device, dtype=getattr(torch, dtype), generator=generator)
+    bias = torch.randn(shape, device=device, dtype=getattr(torch, dtype), generator=generator)
+    return bias.requires_grad_(trains)
 
 
 def _forward_backward(backend, q, k, v, grad, kwargs) -> tuple[torch.Tensor, ...]:

@@ -329,9 +329,11 @@ class SlapoTracer(fx.Tracer):
     # -- the root function ------------------------------------------------------------
     def trace_plan(self, root: nn.Module, plan: CallPlan) -> fx.Graph:
         self._plan = plan
-        # A model made on the meta device (init_empty_weights) computes its example values
-        # there: inputs on another device would not meet its parameters.
-        self._on_meta = any(p.is_meta for p in root.parameters())
+        # Example values are computed on the device of the module's parameters (a model made
+        # on the meta device by init_empty_weights, or on a GPU, where the example inputs made
+        # from a config are CPU tensors): inputs elsewhere would not meet its parameters.
+        devices = {p.device for p in root.parameters()}
+        self._example_device = devices.pop() if len(devices) == 1 else None
         with _PatchConstructors():
             return self.trace(root)
 
@@ -360,7 +362,8 @@ class SlapoTracer(fx.Tracer):
                 return meta_of(v)
             if isinstance(v, torch.Tensor) and self.fake_mode is not None and \
                     not isinstance(v, torch._subclasses.FakeTensor):
-                return self.fake_mode.from_tensor(v.to("meta") if self._on_meta else v)
+                device = self._example_device
+                return self.fake_mode.from_tensor(v if device is None else v.to(device))
             return v
         return pytree.tree_map(convert, value, is_leaf=lambda v: isinstance(v, fx.Proxy))
 

@@ -45,13 +45,17 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
 
 def worker_env(spec: RunSpec) -> dict:
     """The ranks' environment: offline, the case's thread budget whatever the caller's
-    environment holds (:mod:`slapo_ae.harness.threads`), and DeepSpeed's extension cache in
-    ``.cache/torch_extensions`` of the checkout unless ``TORCH_EXTENSIONS_DIR`` is set."""
+    environment holds (:mod:`slapo_ae.harness.threads`), DeepSpeed's extension cache in
+    ``.cache/torch_extensions`` of the checkout unless ``TORCH_EXTENSIONS_DIR`` is set, and, for
+    a case on CPU, no GPU visible: on a GPU machine a CPU case would otherwise start CUDA
+    (random streams, DeepSpeed's accelerator) and its record name the GPU."""
     env = dict(os.environ)
     for key, value in OFFLINE_ENV.items():
         env.setdefault(key, value)
     env.update(thread_env(spec.thread_budget()))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(paths.TORCH_EXTENSIONS))
+    if spec.case.device != "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 

@@ -36,6 +36,16 @@ def test_cudnn_versions_read_as_cudnn_writes_them():
         "9.15.1", "9.19.0", "9.1.0", "8.9.7"]
 
 
+def test_the_check_names_its_folder_by_the_gpu_model():
+    # scripts/gpu_check.sh: results/reference/<model>/<part>; an H100's name ends in "HBM3"
+    from slapo_ae.gpus import model_slug
+
+    names = ["NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB",
+             "Tesla V100-SXM2-32GB", "NVIDIA L40S", "NVIDIA GeForce RTX 4090", None]
+    assert [model_slug(n) for n in names] == ["h200", "h100", "a100", "v100", "l40s",
+                                              "nvidia-geforce-rtx-4090", "no-gpu"]
+
+
 def verdicts(*records, model="bert-large-uncased"):
     table = {(r.case["model"], r.case["mode"]): r for r in records}
     return {v.target: v for v in judge_model(table, model)}

@@ -25,9 +25,13 @@ CPU ranks, one spawn for every check:
   group of those two ranks sums its gradients), the ints passing through the middle stages.
 - the groups are the layout of ``slapo.topology.rank_lists``; misuse is a clear error.
 
+- pipeline 2 x tensor 2 of the LLaMA with each layer one ``torch.compile`` region (as its
+  schedule runs on a GPU; Inductor compiles for the CPU here): the trace keeps the regions
+  whole, the stages run them, and the training is the plain model's.
+
 Tolerance: relative error (``slapo.verify.relative_error``) at most 1e-5 for each step's loss
 (the mean over microbatches and replicas against the full-batch loss) and each gradient, as
-in the tensor-parallel tests.
+in the tensor-parallel tests; 1e-4 with compiled layers, as in the compile tests.
 """
 
 import pytest
@@ -76,6 +80,9 @@ def _full(module, group, grads=True):
 
 
 def _train(name, dp, pp, tp, init_weights=False, cuts=None, shard_embedding=False, **options):
+    from torch._dynamo.utils import counters
+
+    graphs_before = counters["stats"]["unique_graphs"]
     topo = slapo.Topology(dp=dp, pp=pp, tp=tp)
     torch.manual_seed(100 + topo.rank)  # init_weights draws differently on every rank
     model = _model(name)
@@ -103,7 +110,8 @@ def _train(name, dp, pp, tp, init_weights=False, cuts=None, shard_embedding=Fals
         opt.zero_grad()
     groups = {axis: topo.ranks(axis) for axis in ("tensor", "pipe", "data", "stage")}
     return {"coords": (topo.data_rank, topo.stage_index, topo.tensor_rank),
-            "is_last": pipe.is_last, "groups": groups, "initial": initial, "steps": steps}
+            "is_last": pipe.is_last, "groups": groups, "initial": initial, "steps": steps,
+            "compiled_graphs": counters["stats"]["unique_graphs"] - graphs_before}
 
 
 class _Chain(nn.Module):
@@ -157,6 +165,10 @@ def _all():
                                   shard_embedding=True),
             "gpt_neo_vocab": _train("gpt-neo-tiny", dp=1, pp=2, tp=2, kernel_opt=True,
                                     shard_embedding=True),
+            # as on a GPU (Slapo-3D there): each layer one torch.compile region (Inductor,
+            # here for the CPU), kept whole by the trace and the stage cuts
+            "llama_compiled": _train("llama-tiny", dp=1, pp=2, tp=2, kernel_opt=True,
+                                     shard_embedding=True, device="cpu", compile_layers=True),
             "data_parallel": _train("gpt-neo-tiny", dp=2, pp=2, tp=1, init_weights=True,
                                     kernel_opt=True),
             "four_stages": _train("gpt-neo-tiny", dp=1, pp=4, tp=1, kernel_opt=False,
@@ -181,7 +193,7 @@ def _merged(values, what):
     return merged
 
 
-def _assert_trains_like_plain(runs, name, plain):
+def _assert_trains_like_plain(runs, name, plain, tol=TOL):
     opt = torch.optim.SGD(plain.parameters(), lr=LR)
     for step in range(STEPS):
         ids, mask, labels = _batch(name, step)
@@ -193,13 +205,13 @@ def _assert_trains_like_plain(runs, name, plain):
         assert len(micro) == 2 * max(r["coords"][0] + 1 for r in runs)
         assert all(r["steps"][step][0] == [] for r in runs if not r["is_last"])
         err = abs(sum(micro) / len(micro) - loss.item()) / abs(loss.item())
-        assert err <= TOL, f"{name} step {step}: loss {sum(micro) / len(micro)} vs {loss.item()}"
+        assert err <= tol, f"{name} step {step}: loss {sum(micro) / len(micro)} vs {loss.item()}"
         grads = _merged([r["steps"][step][1] for r in runs], f"{name} step {step}")
         expected = {n: p.grad for n, p in plain.named_parameters(remove_duplicate=False)}
         assert sorted(grads) == sorted(expected)  # each parameter, by each of its names
         for param, grad in grads.items():
             err = relative_error(grad, expected[param])
-            assert err <= TOL, f"{name} step {step}: gradient of '{param}' off by {err:.1e}"
+            assert err <= tol, f"{name} step {step}: gradient of '{param}' off by {err:.1e}"
         opt.step()
         opt.zero_grad()
 
@@ -211,6 +223,12 @@ def test_pipeline_2_by_tensor_2_trains_like_the_plain_model(ranks, run, name):
     runs = [r[run] for r in ranks]
     assert [r["coords"] for r in runs] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
     _assert_trains_like_plain(runs, name, _model(name))
+
+
+def test_pipeline_stages_of_compiled_layers_train_like_the_plain_model(ranks):
+    runs = [r["llama_compiled"] for r in ranks]
+    assert all(r["compiled_graphs"] >= 1 for r in runs)  # the stages ran compiled regions
+    _assert_trains_like_plain(runs, "llama-tiny", _model("llama-tiny"), tol=1e-4)
 
 
 def test_data_2_by_pipeline_2_starts_alike_and_trains_like_the_plain_model(ranks):

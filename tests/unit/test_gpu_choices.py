@@ -140,8 +140,12 @@ def test_megatron_fusions_by_family():
     assert fields["activation_func"] is torch.nn.functional.silu
     assert fields["bias_dropout_fusion"] and fields["cross_entropy_loss_fusion"]
     assert "(swiglu)" in note and "DotProductAttention" in note
+    # the c740c4e H200 log: "Mismatch dtype between input and weight ... Cannot dispatch to
+    # fused implementation" from torch's RMSNorm under bf16 autocast
+    assert "RMSNorm is torch's" in note and "unfused path" in note
     fields, note = cuda_fusions("gpt_neo")  # megatron fuses GeLU as GPT-Neo's tanh GeLU
     assert fields["activation_func"] is torch.nn.functional.gelu and "tanh approximation" in note
+    assert "RMSNorm" not in note  # LayerNorm
     fields, _ = cuda_fusions("t5")  # ReLU: no activation fusion
     assert "bias_activation_fusion" not in fields and "activation_func" not in fields
 

@@ -187,10 +187,14 @@ def test_a_masked_call_is_measured_with_a_mask_of_its_shape_and_dtype(measured_o
     torch.testing.assert_close(attention(q, k, v, padding), expected, rtol=1e-5, atol=1e-5)
     bias = torch.randn(1, 4, 32, 32)
     attention(q, k, v, bias=bias)
+    # a bias that trains (T5's position bias) is another call: cuDNN's kernel refuses it
+    attention(q, k, v, bias=bias.clone().requires_grad_())
     masks = [m["mask"] for m in sdpa_backend.measurements()]
-    assert masks == [((2, 1, 1, 32), "bool"), ((1, 4, 32, 32), "float32")]
-    assert "with a bool mask [2, 1, 1, 32]" in sdpa_backend.describe(
-        sdpa_backend.measurements())[0]
+    assert masks == [((2, 1, 1, 32), "bool", False), ((1, 4, 32, 32), "float32", False),
+                     ((1, 4, 32, 32), "float32", True)]
+    lines = sdpa_backend.describe(sdpa_backend.measurements())
+    assert "with a bool mask [2, 1, 1, 32], dropout" in lines[0]
+    assert "with a float32 mask [1, 4, 32, 32] that trains" in lines[2]
 
 
 def test_local_attention_by_chunks_on_measured_kernels_equals_the_dense_call(measured_on_cpu):
@@ -202,7 +206,7 @@ def test_local_attention_by_chunks_on_measured_kernels_equals_the_dense_call(mea
         q, k, v, attn_mask=merge_masks(32, 32, q.dtype, q.device, causal=True, window=8))
     torch.testing.assert_close(local_attention(q, k, v, 8), dense, rtol=1e-5, atol=1e-5)
     calls = {(m["causal"], m["mask"]) for m in sdpa_backend.measurements()}
-    assert calls == {(True, None), (False, ((8, 16), "bool"))}  # first chunk; the band
+    assert calls == {(True, None), (False, ((8, 16), "bool", False))}  # first chunk; the band
 
 
 def test_sdpas_own_pick_stays_first_unless_another_is_clearly_faster():

@@ -43,6 +43,18 @@ def test_the_ranks_environment_overrides_the_callers(monkeypatch):
     assert env["OMP_NUM_THREADS"] == "1" and env["OPENBLAS_NUM_THREADS"] == "1"
 
 
+def test_a_cpu_case_sees_no_gpu_whatever_the_machine_has(monkeypatch):
+    # gpu_check's self-check (--device cpu) on a GPU machine: the ranks must not start CUDA
+    import dataclasses
+
+    from slapo_ae.harness.launch import worker_env
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert worker_env(RunSpec(case=CASE, out="r.json"))["CUDA_VISIBLE_DEVICES"] == ""
+    on_gpu = RunSpec(case=dataclasses.replace(CASE, device="cuda"), out="r.json")
+    assert worker_env(on_gpu)["CUDA_VISIBLE_DEVICES"] == "0"
+
+
 def test_a_cpu_rank_stands_for_a_gpu_one_core_each():
     assert default_cores("cpu", 1) == 1 and default_cores("cpu", 4) == 4
     spec = RunSpec(case=CASE, out="r.json")

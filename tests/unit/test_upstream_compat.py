@@ -240,3 +240,14 @@ def test_verify_of_a_pipeline_refuses_what_it_cannot_check():
         with slapo.Verify(sch, [torch.ones(1, 2)], config={"train_batch_size": 2}):
             pass
 
+
+
+def test_verify_leaves_the_random_state_as_it_found_it():
+    # the check seeds torch to run both models alike; the caller's stream goes on unchanged
+    sch = slapo.create_schedule(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)))
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    with slapo.Verify(sch, [torch.ones(2, 4)], eval_mode=False):
+        pass
+    assert torch.equal(torch.rand(3), expected)

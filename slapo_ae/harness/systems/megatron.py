@@ -54,6 +54,10 @@ VOCAB_DIVISIBLE_BY = 128
 SLOW_ATTENTION = ("megatron-core's attention here is its local DotProductAttention (no "
                   "Transformer Engine): it writes out the [b, heads, s, s] scores with an fp32 "
                   "softmax, where HF's SDPA runs a flash kernel")
+# Families whose norm megatron-core builds as torch's RMSNorm (its local spec, without TE).
+RMS_NORM_FAMILIES = ("llama", "t5")
+SLOW_RMS_NORM = ("its RMSNorm is torch's, whose fp32 weights (every system's master weights "
+                 "under bf16 autocast) meet bf16 inputs: torch takes its unfused path")
 
 
 def cuda_fusions(family: str) -> tuple[dict, str]:
@@ -68,8 +72,9 @@ def cuda_fusions(family: str) -> tuple[dict, str]:
                                      else torch.nn.functional.silu)
     fused = ", ".join(sorted(k for k in fields if k.endswith("fusion")))
     detail = {"gelu": " (gelu, as its tanh approximation)", "swiglu": " (swiglu)"}.get(act, "")
+    slow = f"; {SLOW_RMS_NORM}" if family in RMS_NORM_FAMILIES else ""
     return fields, (f"megatron-core fusions on CUDA (no Transformer Engine or Apex): "
-                    f"{fused}{detail}; {SLOW_ATTENTION}")
+                    f"{fused}{detail}; {SLOW_ATTENTION}{slow}")
 
 
 def padded_vocab_size(vocab: int, tp: int) -> int:
