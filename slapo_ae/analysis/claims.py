@@ -755,8 +755,9 @@ def _engines_section(gaps: dict | None) -> list[str]:
              "schedule (Slapo-TP: a Megatron-style loop; Slapo-ZeRO3: DeepSpeed), and each "
              "ablation step adds to the one before, so none should be slower. Each point is "
              "judged with the noise rule and, for close calls, back to back. Where Slapo is "
-             "still behind, both cases were profiled again (torch.profiler, self CPU time of "
-             "rank 0); the cause is where their time differs.", ""]
+             "still behind, both cases were profiled again (torch.profiler, rank 0's operators' "
+             "self time: their kernels' on a GPU, CPU time on CPU); the cause is where their "
+             "time differs.", ""]
     if not gaps or not gaps.get("points"):
         return lines + ["No point where both sides ran ok."]
     points = [{**p, "cause": p.get("cause", ""), "back_to_back": p.get("back_to_back", "")}

@@ -12,8 +12,9 @@ Each such point is judged with the claims' noise rule (:func:`slapo_ae.analysis.
 measured again back to back (``--recheck``, :mod:`slapo_ae.analysis.recheck`), it stays
 decided only if that pair agrees. For every point
 behind (at most ``--max-profiles``, the largest gaps first) both cases run again for a few
-steps under torch.profiler (``slapo-bench run --profile``), and rank 0's per-step self CPU
-time is compared: in all, in collectives (and their waits), per operator, the operators
+steps under torch.profiler (``slapo-bench run --profile``), and rank 0's per-step self time
+of each operator is compared (on a GPU the time of the kernels it launched, which is where a
+GPU's step goes; on CPU its CPU time): in all, in collectives (and their waits), per operator, the operators
 whose time differs most first, and in matrix products: their work (GFLOP, from their shapes)
 and rate, which tell more matmul work from the same work done slower. The profiles' tables
 and traces stay under ``--profiles``.
@@ -108,26 +109,34 @@ def profile_case(case: dict, out_dir: Path, device: str, dtype: str,
     return json.loads((out_dir / "rank0.ops.json").read_text())
 
 
+def clock(ops: dict) -> str:
+    """Which self time a profile's operators are compared by: ``"device"`` (their kernels'
+    time) where the profile has it, on CUDA, else ``"cpu"``."""
+    return "device" if any("self_device_us" in op for op in ops["ops"].values()) else "cpu"
+
+
 def per_step(ops: dict) -> dict[str, float]:
-    """Self CPU milliseconds per profiled step, per operator."""
-    steps = max(ops["steps"], 1)
-    return {name: op["self_cpu_us"] / 1e3 / steps for name, op in ops["ops"].items()}
+    """Self milliseconds per profiled step, per operator, by the profile's :func:`clock`."""
+    steps, key = max(ops["steps"], 1), f"self_{clock(ops)}_us"
+    return {name: op.get(key, 0.0) / 1e3 / steps for name, op in ops["ops"].items()}
 
 
 def matmul_work(ops: dict) -> tuple[float, float] | None:
-    """(GFLOP, self CPU ms) per profiled step of the matrix products; None for a profile
-    without FLOPs. (torch.profiler also counts element-wise FLOPs, and a convolution's at its
-    outer op, whose self time is not the kernel's: neither is a rate to compare.)"""
+    """(GFLOP, self ms by the profile's :func:`clock`) per profiled step of the matrix
+    products; None for a profile without FLOPs. (torch.profiler also counts element-wise
+    FLOPs, and a convolution's at its outer op, whose self time is not the kernel's: neither
+    is a rate to compare.)"""
     counted = [op for name, op in ops["ops"].items() if name in MATMUL_OPS and op.get("flops")]
     if not counted:
         return None
-    steps = max(ops["steps"], 1)
+    steps, key = max(ops["steps"], 1), f"self_{clock(ops)}_us"
     return (sum(op["flops"] for op in counted) / 1e9 / steps,
-            sum(op["self_cpu_us"] for op in counted) / 1e3 / steps)
+            sum(op.get(key, 0.0) for op in counted) / 1e3 / steps)
 
 
 def explain(base_ops: dict, slapo_ops: dict, batches: tuple[int, int] = (1, 1)) -> dict:
-    """Where the time per step goes, baseline against Slapo (rank 0, self CPU ms);
+    """Where the time per step goes, baseline against Slapo (rank 0, self ms by the
+    profiles' :func:`clock`);
     ``batches``: the two cases' global batches, which differ where an ablation step adds
     ranks (Figure 9: + Kernel Opt on 1 rank, batch 8; + Attn/FFN TP on 2, batch 16)."""
     a, b = per_step(base_ops), per_step(slapo_ops)
@@ -139,7 +148,8 @@ def explain(base_ops: dict, slapo_ops: dict, batches: tuple[int, int] = (1, 1)) 
     return {
         "wall_ms_per_step": wall, "batches": list(batches),
         "wall_ms_per_sample": [wall[0] / batches[0], wall[1] / batches[1]],
-        "self_cpu_ms_per_step": [sum(a.values()), sum(b.values())],
+        "clock": clock(base_ops),
+        "self_ms_per_step": [sum(a.values()), sum(b.values())],
         "collective_ms_per_step": [collective(a), collective(b)],
         "largest_differences": [{"op": name, "baseline_ms": x, "slapo_ms": y}
                                 for name, x, y in diffs[:TOP_DIFFERENCES]],
@@ -180,8 +190,8 @@ def cause_text(profile: dict) -> str:
     verdict = ("gap not reproduced when profiled: Slapo took the shorter time a sample, so the "
                "profile does not show a cause; " if sb <= sa else "")
     return (f"{verdict}profiled step (rank 0): {wa:.1f} -> {wb:.1f} ms wall{per_sample}, "
-            f"collectives {ca:.1f} -> {cb:.1f} ms{matmul}; largest differences (ms/step, "
-            f"baseline -> Slapo): {ops}")
+            f"collectives {ca:.1f} -> {cb:.1f} ms{matmul}; largest differences (self "
+            f"{profile.get('clock', 'cpu').upper()} ms/step, baseline -> Slapo): {ops}")
 
 
 def find_gaps(e2e_rows, ablation_rows, profiles: Path | None, device: str = "cpu",

@@ -56,13 +56,29 @@ def test_explain_puts_the_largest_difference_first():
     profile = gaps.explain(base, ours)
     assert profile["wall_ms_per_step"] == pytest.approx([100, 130])
     assert profile["collective_ms_per_step"] == pytest.approx([10, 35])
-    assert profile["self_cpu_ms_per_step"] == pytest.approx([70, 84])
+    assert profile["self_ms_per_step"] == pytest.approx([70, 84]) and profile["clock"] == "cpu"
     first = profile["largest_differences"][0]
     assert (first["op"], first["baseline_ms"], first["slapo_ms"]) == ("c10d::allreduce_", 10, 35)
     text = gaps.cause_text(profile)
     assert text.startswith("profiled step (rank 0): 100.0 -> 130.0 ms wall, collectives "
                            "10.0 -> 35.0 ms")
     assert "c10d::allreduce_ 10.0 -> 35.0" in text and "aten::bernoulli_ 20.0 -> 0.0" in text
+    assert "(self CPU ms/step, baseline -> Slapo)" in text
+
+
+def test_on_a_gpu_operators_are_compared_by_their_kernels_time():
+    # a GPU step is where its kernels run: the CPU time of launching them says little
+    def gpu_ops(**per_op):
+        return {"steps": 1, "wall_us": 1e5, "ops": {
+            name: {"calls": 1, "self_cpu_us": cpu * 1e3, "self_device_us": device * 1e3}
+            for name, (cpu, device) in per_op.items()}}
+
+    base = gpu_ops(**{"aten::mm": (2, 50), "aten::copy_": (1, 10)})
+    ours = gpu_ops(**{"aten::mm": (3, 50), "aten::copy_": (1, 30)})
+    profile = gaps.explain(base, ours)
+    assert profile["clock"] == "device" and profile["self_ms_per_step"] == pytest.approx([60, 80])
+    assert profile["largest_differences"][0]["op"] == "aten::copy_"
+    assert "(self DEVICE ms/step, baseline -> Slapo)" in gaps.cause_text(profile)
     faster = gaps.cause_text(gaps.explain(ours, base))  # the profile has Slapo ahead
     assert faster.startswith("gap not reproduced when profiled: Slapo took the shorter time")
 
