@@ -14,10 +14,10 @@ decided only if that pair agrees. For every point
 behind (at most ``--max-profiles``, the largest gaps first) both cases run again for a few
 steps under torch.profiler (``slapo-bench run --profile``), and rank 0's per-step self time
 of each operator is compared (on a GPU the time of the kernels it launched, which is where a
-GPU's step goes; on CPU its CPU time): in all, in collectives (and their waits), per operator, the operators
-whose time differs most first, and in matrix products: their work (GFLOP, from their shapes)
-and rate, which tell more matmul work from the same work done slower. The profiles' tables
-and traces stay under ``--profiles``.
+GPU's step goes; on CPU its CPU time): in all, in collectives (and their waits), per
+operator, the operators whose time differs most first, and in matrix products: their work
+(GFLOP, from their shapes) and rate, which tell more matmul work from the same work done
+slower. The profiles' tables and traces stay under ``--profiles``.
 
     python -m slapo_ae.analysis.gaps --e2e results/e2e.csv --ablation results/ablation.csv \\
         --out results/gaps.json --profiles results/profiles [--harness CMD]
