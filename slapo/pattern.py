@@ -156,7 +156,10 @@ def find_in(graphs: list[tuple[str, fx.GraphModule]], pattern, kind: str = "auto
     if kind not in ("auto", "regex", "predicate", "subgraph"):
         raise ValueError(f"unknown kind '{kind}'; expected auto, regex, predicate or subgraph")
     if isinstance(pattern, (str, re.Pattern)) and kind in ("auto", "regex"):
-        regex = re.compile(pattern)
+        try:
+            regex = re.compile(pattern)
+        except re.error as err:
+            raise ValueError(f"find: {pattern!r} is no regular expression: {err}") from None
         return [(path, n) for path, n in _nodes(graphs)
                 if regex.search(n.name) or regex.search(_label(n))]
     if isinstance(pattern, (fx.Graph, fx.GraphModule, Pattern)):

@@ -393,6 +393,17 @@ def parse_override(text: str) -> tuple[str, object]:
         return key, value
 
 
+def parse_overrides(texts) -> dict:
+    """``--override KEY=VALUE`` options as a dict; a key given twice is an error."""
+    overrides = {}
+    for text in texts:
+        key, value = parse_override(text)
+        if key in overrides:
+            raise CaseError(f"--override {key} is given twice ({overrides[key]!r}, {value!r})")
+        overrides[key] = value
+    return overrides
+
+
 def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench run") -> Case:
     """The :class:`Case` of parsed ``slapo-bench run`` options (``device`` resolved from
     ``--device auto`` by the caller); :class:`CaseError` names the bad option."""
@@ -408,6 +419,8 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
         raise CaseError(f"--steps must be at most {MAX_STEPS}, got {args.steps}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise CaseError(f"--lr must be a positive number, got {args.lr}")
+    if not 0 <= args.seed < 2**63:  # torch.manual_seed's range
+        raise CaseError(f"--seed must be 0 to 2**63 - 1, got {args.seed}")
     if args.nodes < 1 or args.gpus % args.nodes:
         raise CaseError(f"--nodes {args.nodes}: the {args.gpus} GPUs must spread evenly over "
                         "at least one node")
@@ -434,6 +447,6 @@ def from_args(args: argparse.Namespace, device: str, source: str = "slapo-bench 
                 dec_seq_len=args.dec_seq_len, batch_size=batch, batch_expr=args.batch_size,
                 ckpt=ckpt, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                 device=device, seed=args.seed, lr=args.lr, no_dropout=args.no_dropout,
-                overrides=dict(parse_override(o) for o in args.override), nodes=args.nodes,
+                overrides=parse_overrides(args.override), nodes=args.nodes,
                 pp=args.pp, tp=args.tp, micro_batch=args.micro_batch,
                 memory_per_rank=args.memory_per_rank, source=source)

@@ -59,8 +59,8 @@ def expand_gpus(spec: str, max_gpus: int | None = None) -> list[int]:
     if spec == "pow2":
         if max_gpus is None:
             raise ValueError("GPUS 'pow2' needs max_gpus (the GPUs present)")
-        if max_gpus < 1:
-            raise ValueError(f"max_gpus must be at least 1, got {max_gpus}")
+        if not 1 <= max_gpus <= MAX_GPUS:
+            raise ValueError(f"max_gpus must be 1 to {MAX_GPUS}, got {max_gpus}")
         return [2**i for i in range(max_gpus.bit_length()) if 2**i <= max_gpus]
     counts = []
     for item in spec.split(","):
@@ -115,6 +115,8 @@ def _parse_line(tokens: list[str], source: str, lineno: int, max_gpus, known_mod
     if known_models is not None:
         configs.check_seq_len(model, seq_len)
     dec_seq_len = _int_field("DEC_SEQ_LEN", dec, 0)
+    if known_models is not None:
+        configs.check_dec_seq_len(model, dec_seq_len)
     ckpt_value = parse_ckpt(mode, ckpt)
     options = _parse_options(extra)
     cases = []
@@ -141,7 +143,9 @@ def parse_cfg_text(text: str, source: str = "<string>", max_gpus: int | None = N
                    known_models=None) -> list[Case]:
     """Parse cfg text; raise one :class:`CfgError` listing every bad line as ``source:line``."""
     cases, errors, seen = [], [], {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    # lines end at "\n" only (a "\r" before it is whitespace): str.splitlines would also
+    # break at a form feed or U+2028 inside a line and shift every later line number
+    for lineno, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
         try:

@@ -89,6 +89,9 @@ def resolve(config: dict, env: dict | None = None) -> dict:
     if settings["warmup"] >= settings["steps"]:
         raise PlanError(f"profile {name}: warmup ({settings['warmup']}) must be below steps "
                         f"({settings['steps']}): no timed step would remain")
+    if settings.get("device") == "cpu" and settings.get("dtype", "fp32") != "fp32":
+        raise PlanError(f"profile {name}: dtype {settings['dtype']} on device cpu: CPU cases "
+                        "train in fp32 only (every case would be recorded unsupported)")
     settings["gpus_available"] = count
     settings.setdefault("max_gpus", max(count, 1))
     settings.setdefault("gpus_per_node", None)
@@ -237,6 +240,29 @@ def tuned_e2e(cases: dict[str, Case], chosen: list[Case]) -> dict[str, Case]:
     return out
 
 
+def _unique_key_loader():
+    """A safe YAML loader that refuses a key given twice in one mapping (PyYAML keeps the
+    last one without a word: a profile written twice would run only its second form)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice in one mapping",
+                    key_node.start_mark)
+            seen.add(key)
+        return loader.construct_mapping(node, deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return Loader
+
+
 def check_yaml(path: str | Path) -> None:
     """Raise :class:`PlanError` naming ``path:line:column`` when ``path`` is no valid YAML
     (a missing file is left to Snakemake, which says so)."""
@@ -244,7 +270,7 @@ def check_yaml(path: str | Path) -> None:
 
     path = Path(path)
     try:
-        yaml.safe_load(textfile.read_text(path))
+        yaml.load(textfile.read_text(path), Loader=_unique_key_loader())  # noqa: S506
     except FileNotFoundError:
         return
     except textfile.NotTextError as err:

@@ -78,4 +78,4 @@ def fuse_bias_gelu(layers, device: str) -> None:
         ffn = layer["intermediate"]
         ffn.trace(flatten=True)
         ffn["dense"].decompose()
-        ffn.fuse(ffn.find(_bias_gelu)[0], compiler=compiler, name="bias_gelu")
+        ffn.fuse(ffn.find(_bias_gelu, allow_empty=False)[0], compiler=compiler, name="bias_gelu")

@@ -47,7 +47,8 @@ def schedule(sch, opts) -> None:
             mlp = layer["mlp"]
             mlp.trace(flatten=True)
             mlp["c_fc"].decompose()
-            mlp.replace(gelu_kernel, subgraph=mlp.find(bias_gelu_tanh)[0], name="bias_gelu")
+            mlp.replace(gelu_kernel, subgraph=mlp.find(bias_gelu_tanh, allow_empty=False)[0],
+                        name="bias_gelu")
     if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:
             attn = layer["attn.attention"]

@@ -12,7 +12,7 @@ from . import register_primitive
 
 @register_primitive()
 def find(sch, pattern, kind: str = "auto", ignore_literals: bool = True,
-         allow_empty: bool = False) -> list:
+         allow_empty: bool = True) -> list:
     """Find nodes or subgraphs in this node's graph and in the traced graphs below it, as
     upstream Slapo does; this node is traced first (``trace()`` with its defaults) if it is
     not traced yet.
@@ -38,8 +38,9 @@ def find(sch, pattern, kind: str = "auto", ignore_literals: bool = True,
     Every result can be given to ``fuse``, ``replace`` and ``checkpoint``: one match or
     ``(path, node)``, or a list of them (side by side). A one-argument function is a
     predicate if it returns a bool on a node, else a pattern; ``kind="regex" | "predicate" |
-    "subgraph"`` forces the reading. A pattern that matches nothing raises ``ValueError``
-    listing the graphs' operations (``allow_empty=True`` returns ``[]`` instead).
+    "subgraph"`` forces the reading. A pattern that matches nothing gives ``[]``, as upstream's
+    did (its schedules loop over what they find); ``allow_empty=False`` raises ``ValueError``
+    instead, listing the graphs' operations (the project's own schedules ask for that).
 
     Example::
 
@@ -61,7 +62,7 @@ def find(sch, pattern, kind: str = "auto", ignore_literals: bool = True,
 
 
 @register_primitive()
-def find_node(sch, pattern, allow_empty: bool = False) -> list:
+def find_node(sch, pattern, allow_empty: bool = True) -> list:
     """Upstream Slapo's ``find_node``: ``find`` of a regex string or a predicate
     ``node -> bool``; returns ``[(path, node), ...]``."""
     regex = isinstance(pattern, (str, re.Pattern))
@@ -70,7 +71,7 @@ def find_node(sch, pattern, allow_empty: bool = False) -> list:
 
 @register_primitive()
 def find_subgraph(sch, pattern, ignore_literals: bool = True,
-                  allow_empty: bool = False) -> list:
+                  allow_empty: bool = True) -> list:
     """Upstream Slapo's ``find_subgraph``: ``find`` of a pattern function or a
     ``slapo.Pattern``; returns a list of ``slapo.pattern.Match``."""
     return find(sch, pattern, kind="subgraph", ignore_literals=ignore_literals,

@@ -135,7 +135,7 @@ def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
     classes = target if isinstance(target, tuple) else (target,)
     if all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes):
         return _replace_modules(sch, classes, make_mod_fn, kwargs)
-    found = sch.find(target)  # Match objects, or (path, node) pairs for a regex
+    found = sch.find(target, allow_empty=False)  # Match objects, or (path, node) pairs
     paths = [f.path if isinstance(f, Match) else f[0] for f in found]
     news = [make_mod_fn(path, f, **kwargs) for path, f in zip(paths, found)]
     names = _names_in_graph_order(sch, paths, news)  # a function: called as itself, no name

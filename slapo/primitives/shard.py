@@ -122,9 +122,15 @@ def shard(sch, param_names: str | list[str], axis: int, *, parts: int = 1,
     if pad and parts > 1:
         raise ValueError(f"shard at '{sch.path or '<root>'}': pad=True splits one range; it "
                          f"cannot pad {parts} parts")
+    where = sch.path or "<root>"
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"shard at '{where}': axis must be an integer, got {axis!r}")
     names = [param_names] if isinstance(param_names, str) else list(param_names)
+    if not names:
+        raise ValueError(f"shard at '{where}': no parameter named (give a name such as "
+                         "'weight', or a list of them)")
     for name in names:
-        _shard_param(sch, sch.mod, sch.path or "<root>", name, axis, parts, pad)
+        _shard_param(sch, sch.mod, where, name, axis, parts, pad)
 
 
 def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int,

@@ -119,7 +119,7 @@ def compare(a, b, threshold: float = 1.0) -> str:
     PASS if ``q1(a) / q3(b) >= threshold``, FAIL if ``q3(a) / q1(b) < threshold``, else
     INCONCLUSIVE (the noise rule, :data:`NOISE_RULE`)."""
     (a1, a3), (b1, b3) = _quartiles(a), _quartiles(b)
-    if min(a1, b1) <= 0:  # no throughput to compare (a broken row): decide nothing
+    if None in (a1, b1) or min(a1, b1) <= 0:  # a row not ok, or broken: decide nothing
         return INCONCLUSIVE
     if a1 / b3 >= threshold:
         return PASS
@@ -159,7 +159,7 @@ def after_recheck(decided: str, a, b, rechecks: dict | None,
                          f"back: {entry['skipped']}")
     again_a, again_b = (entry["rerun"].get(str(r.get("case_id"))) for r in (a, b))
     if not again_a or not again_b or ok_rate(again_a) is None or ok_rate(again_b) is None:
-        return INCONCLUSIVE, "measured again back to back, which did not run ok"
+        return INCONCLUSIVE, "; measured again back to back, which did not run ok"
     again = compare(again_a, again_b, threshold)
     pair = f"{_range(again_a)} against {_range(again_b)}"
     if again != decided:

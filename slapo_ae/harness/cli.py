@@ -17,6 +17,7 @@ interpreter has already loaded, and :func:`main` imports the rest inside its gua
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -86,6 +87,7 @@ def spec_from_args(args):
         case = _case.from_args(args, _resolve_device(args.device))
         configs.load_config(case.model)
         configs.check_seq_len(case.model, case.seq_len, case.overrides)
+        configs.check_dec_seq_len(case.model, case.dec_seq_len)
     except _case.CaseError as err:
         raise UsageError(str(err)) from None
     except KeyError as err:
@@ -109,18 +111,37 @@ def spec_from_args(args):
                          "every node: where their torchrun agents meet)")
     if case.nodes == 1 and args.rdzv_endpoint:
         raise UsageError("--rdzv-endpoint is for a case on several nodes (--nodes)")
+    if args.rdzv_endpoint:
+        host, _, port = args.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise UsageError(f"--rdzv-endpoint {args.rdzv_endpoint!r}: expected HOST:PORT, "
+                             "a port from 1 to 65535")
     cores = (args.cores if args.cores is not None
              else default_cores(case.device, case.gpus_per_node))
     if cores < 1:
         raise UsageError(f"--cores must be at least 1, got {cores}")
+    from slapo_ae.harness.threads import available_cores
+
+    if cores > available_cores():
+        raise UsageError(f"--cores {cores}: this machine has {available_cores()} cores to give")
     if args.profile_after < 0:
         raise UsageError(f"--profile-after must be at least 0, got {args.profile_after}")
     if args.profile_after and not args.profile:
         raise UsageError("--profile-after needs --profile DIR (where the profile goes)")
+    if not out.name:
+        raise UsageError("--out must name the record's file, got an empty path")
     log = args.log or str(out.with_suffix(".log"))
     for flag, path in (("--out", out), ("--log", Path(log))):
         if path.is_dir():
             raise UsageError(f"{flag}: {path} is a folder, not a file")
+    # three places a run writes: none may be another, or one is lost
+    places = {"--out": out.resolve(), "--log": Path(log).resolve()}
+    if args.profile:
+        places["--profile"] = Path(args.profile).resolve()
+    for (flag_a, a), (flag_b, b) in itertools.combinations(places.items(), 2):
+        if a == b:
+            raise UsageError(f"{flag_a} and {flag_b} name the same place ({a}): the run would "
+                             "write one over the other")
     for flag, folder in (("--out", out.parent), ("--log", Path(log).parent),
                          ("--profile", Path(args.profile) if args.profile else None)):
         if folder is not None:

@@ -29,6 +29,7 @@ _T0 = time.time()  # before the heavy imports: the launch overhead includes them
 import argparse  # noqa: E402
 import datetime as _dt  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -264,8 +265,15 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
                 peak_mem_bytes=[r["peak_mem"] for r in gathered],
                 params=[r["params"] for r in gathered], loss=losses, step_times=step_times,
                 warmup_steps=spec.case.warmup, extra=extra)
-    return Record(status="ok", case=spec.case_dict(), metrics=m, env=env, log_path=spec.log,
-                  started_at=iso(spec.launch_time), finished_at=now())
+    status, reason = "ok", ""
+    broken = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), None)
+    if broken is not None:  # a throughput of steps that no longer train is no result
+        status = "failed"
+        reason = (f"the loss is not finite from step {broken} on ({losses[broken]}): the "
+                  "training diverged (a learning rate too large, an fp16 overflow) or a kernel "
+                  "broke; the step times are kept in the record")
+    return Record(status=status, case=spec.case_dict(), reason=reason, metrics=m, env=env,
+                  log_path=spec.log, started_at=iso(spec.launch_time), finished_at=now())
 
 
 def die_with_launcher() -> None:

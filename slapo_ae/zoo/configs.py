@@ -88,6 +88,11 @@ def load_config(name: str) -> dict[str, Any]:
     return cfg
 
 
+# Fields that say which model a config is (and the project's own block, ``_slapo``): not
+# overridable, since the model class and family are chosen from them.
+IDENTITY_FIELDS = ("model_type", "architectures", "torch_dtype", "dtype", "transformers_version")
+
+
 def check_overrides(name: str, overrides: dict) -> None:
     """Raise `ValueError` naming the override and the rule it breaks when the model's config
     with ``overrides`` (config fields, e.g. ``{"num_hidden_layers": 0}``) would make no model
@@ -95,6 +100,11 @@ def check_overrides(name: str, overrides: dict) -> None:
     key that no rule knows is left to the config class (`registry.hf_config`)."""
     cfg = load_config(name)
     family = cfg[PROJECT_KEY]["family"]
+    fixed = [k for k in overrides if k.startswith("_") or k in IDENTITY_FIELDS]
+    if fixed:
+        raise ValueError(f"override {fixed[0]} of {name}: the model's identity ({PROJECT_KEY}, "
+                         f"{', '.join(IDENTITY_FIELDS)}) is its config file's, not a field to "
+                         "override; name another model instead")
     try:
         fields.check(family, fields.merged(family, cfg, overrides))
     except fields.FieldError as e:
@@ -129,6 +139,17 @@ def check_seq_len(name: str, seq_len: int, overrides: dict | None = None) -> Non
     if limit is not None and seq_len > limit:
         raise ValueError(f"SEQ_LEN {seq_len} is longer than {name}'s {limit} positions "
                          "(its config's max_position_embeddings)")
+
+
+def check_dec_seq_len(name: str, dec_seq_len: int) -> None:
+    """Raise `ValueError` unless ``dec_seq_len`` fits the model: T5 (an encoder-decoder) needs
+    its decoder's length, the other families have no decoder input (0)."""
+    if model_family(name) == "t5" and dec_seq_len < 1:
+        raise ValueError(f"DEC_SEQ_LEN must be the decoder's length (>= 1) for {name}, an "
+                         f"encoder-decoder; got {dec_seq_len}")
+    if model_family(name) != "t5" and dec_seq_len != 0:
+        raise ValueError(f"DEC_SEQ_LEN is T5's decoder length; {name} has no decoder: write 0, "
+                         f"got {dec_seq_len}")
 
 
 def model_meta(name: str) -> dict[str, Any]:

@@ -5,6 +5,7 @@ and a Ctrl-C at the first moments of a run (slow: it starts ranks, then stops th
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -94,6 +95,22 @@ def test_run_unknown_model_is_a_clear_usage_error(tmp_path, capsys):
      "SEQ_LEN 1025 is longer than bert-tiny's 1024 positions"),
     (["--mode", "eager", "--profile-after", "2"], "--profile-after needs --profile DIR"),
     (["--mode", "eager", "--profile-after", "-1"], "--profile-after must be at least 0"),
+    # found by a probe of bad input, 2026-12-05: each failed after the launch, or trained and
+    # then lost its record, or was silently taken
+    (["--mode", "eager", "--dec-seq-len", "32"],
+     "DEC_SEQ_LEN is T5's decoder length; bert-tiny has no decoder: write 0, got 32"),
+    (["--mode", "eager", "--model", "t5-tiny", "--dec-seq-len", "0"],
+     "DEC_SEQ_LEN must be the decoder's length (>= 1) for t5-tiny"),
+    (["--mode", "eager", "--seed", "99999999999999999999999"], "--seed must be 0 to 2**63 - 1"),
+    (["--mode", "eager", "--override", "_slapo=1"], "override _slapo of bert-tiny: the "
+     "model's identity"),
+    (["--mode", "eager", "--override", 'model_type="gpt2"'], "override model_type of bert-tiny"),
+    (["--mode", "eager", "--cores", "1000000"], "--cores 1000000: this machine has"),
+    (["--mode", "eager", "--out", ""], "--out must name the record's file"),
+    (["--mode", "eager", "--gpus", "2", "--nodes", "2", "--rdzv-endpoint", "host:99999"],
+     "--rdzv-endpoint 'host:99999': expected HOST:PORT"),
+    (["--mode", "eager", "--gpus", "2", "--nodes", "2", "--rdzv-endpoint", "nonsense"],
+     "--rdzv-endpoint 'nonsense': expected HOST:PORT"),
 ])
 def test_run_usage_errors(tmp_path, capsys, args, message):
     base = {"--model": "bert-tiny", "--gpus": "2", "--seq-len": "16", "--batch-size": "4",
@@ -336,6 +353,22 @@ def test_run_refuses_result_paths_it_cannot_write_before_running(tmp_path, capsy
     assert not (tmp_path / "r.json").exists()
 
 
+def test_run_refuses_two_outputs_in_one_place_before_running(tmp_path, capsys):
+    """--out and --profile (or --log) naming one path: the case trained, then its record could
+    not replace the profile's folder and was lost (a probe of bad input, 2026-12-05)."""
+    base = ["run", "--mode", "eager", "--model", "bert-tiny", *TINY]
+    same = str(tmp_path / "p")
+    for extra in (["--out", same, "--profile", same], ["--out", same, "--log", same],
+                  ["--out", str(tmp_path / "r.log")]):
+        assert cli.main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert "name the same place" in err and len(err.splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
+    twice = ["--override", "hidden_size=64", "--override", "hidden_size=32"]
+    assert cli.main([*base, "--out", str(tmp_path / "r.json"), *twice]) == 2
+    assert "--override hidden_size is given twice (64, 32)" in capsys.readouterr().err
+
+
 def test_run_refuses_a_folder_as_its_record_or_log_before_running(tmp_path, capsys):
     """An --out or --log that names a folder could never be replaced by the file: a usage
     error at once (it was a traceback and no record, after the case had trained)."""
@@ -490,3 +523,16 @@ def test_a_rank_the_oom_killer_ended_is_recorded_as_oom(tmp_path):
     assert record.status == "oom"
     assert record.reason.startswith("out of memory: the kernel's OOM killer ended a process")
     assert conclude(spec, 1, False, tmp_path).status == "failed"
+
+
+def test_a_loss_that_is_not_finite_fails_the_case(tmp_path, capsys):
+    """A learning rate of 1e4 (for 1e-4) diverged to NaN and was recorded ok, its samples/s
+    a result (a probe of bad input, 2026-12-05): the record now fails, saying from which step."""
+    out = tmp_path / "r.json"
+    argv = ["run", "--mode", "eager", "--model", "bert-tiny", "--gpus", "1", "--seq-len", "16",
+            "--batch-size", "4", "--steps", "4", "--warmup", "1", "--lr", "1e4",
+            "--device", "cpu", "--out", str(out)]
+    assert cli.main(argv) == 3
+    record = read_record(out)
+    assert record.status == "failed" and record.reason.startswith("the loss is not finite from")
+    assert not all(math.isfinite(x) for x in record.metrics.loss)

@@ -149,12 +149,17 @@ def test_find_regex_and_predicate():
 
 
 # --- errors ---------------------------------------------------------------------------
-def test_pattern_matching_nothing_is_an_error():
+def test_pattern_matching_nothing_is_empty_as_upstream_or_an_error_when_asked():
     _, sch, _ = _traced("bert.BertIntermediate")
+    # upstream's schedules loop over what they find (fix_attention_mask_shape: no expand)
+    assert sch.find("softmax") == [] and sch.find_node("softmax") == []
+    assert sch.find(bias_gelu) == []
     with pytest.raises(ValueError, match=r"matches nothing in '<root>'.*operations: dense"):
-        sch.find(bias_gelu)  # the bias add is inside the Linear until decompose
+        sch.find(bias_gelu, allow_empty=False)  # the bias add is inside the Linear
     with pytest.raises(ValueError, match="matches nothing"):
-        sch.find("softmax")
+        sch.find("softmax", allow_empty=False)
+    with pytest.raises(ValueError, match=r"find: '\(\[' is no regular expression"):
+        sch.find("([")
 
 
 def test_subgraph_not_connected_is_an_error_unless_side_by_side():

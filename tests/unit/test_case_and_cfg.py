@@ -147,6 +147,8 @@ def test_expand_gpus():
     assert expand_gpus("pow2", 8) == [1, 2, 4, 8]
     assert expand_gpus("pow2", 6) == [1, 2, 4]
     assert expand_gpus("pow2", 1) == [1]
+    with pytest.raises(ValueError, match="max_gpus must be 1 to 65536"):  # as a GPUS count is
+        expand_gpus("pow2", 10**20)
     for bad in ("pow2", "0", "2,,4", "-2", "two", "2,2", "1.5"):
         with pytest.raises(ValueError):
             expand_gpus(bad)
@@ -168,6 +170,26 @@ def test_a_sequence_longer_than_the_models_positions_is_a_cfg_error():
                                        r"roberta-tiny's 512 positions"):
         parse_cfg_text("eager bert-tiny 1 512 0 2 0\neager roberta-tiny 1 513 0 2 0",
                        known_models=known)
+
+
+def test_the_decoder_length_must_fit_the_family():
+    # a T5 line without its decoder length launched and failed in the ranks; a BERT line with
+    # one was taken, its id gaining d32 (a probe of bad input, 2026-12-05)
+    known = set(list_models())
+    with pytest.raises(CfgError, match=r"<string>:1: DEC_SEQ_LEN must be the decoder's length "
+                                       r"\(>= 1\) for t5-tiny"):
+        parse_cfg_text("eager t5-tiny 1 32 0 4 0", known_models=known)
+    with pytest.raises(CfgError, match=r"<string>:1: DEC_SEQ_LEN is T5's decoder length; "
+                                       r"bert-tiny has no decoder: write 0, got 32"):
+        parse_cfg_text("eager bert-tiny 1 64 32 4 0", known_models=known)
+
+
+def test_a_form_feed_or_line_separator_is_no_line_break():
+    # str.splitlines broke the line at them, and every later error named the wrong line
+    for odd in ("\x0c", "\u2028"):
+        with pytest.raises(CfgError, match=r"x.cfg:2: unknown mode"):
+            parse_cfg_text(f"eager bert-tiny 1 64 0 4 0 # a{odd}comment\nbogus bert-tiny 1 64 0 4 0",
+                           "x.cfg")
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,24 @@ def test_resolve_explicit_and_unknown_profile():
         plan.resolve({**CONFIG, "profile": "nope", "gpus": 0})
 
 
+def test_a_cpu_profile_in_16_bits_is_refused_before_any_case():
+    profiles = {name: dict(p) for name, p in CONFIG["profiles"].items()}
+    profiles["cpu"]["dtype"] = "bf16"
+    with pytest.raises(plan.PlanError, match="profile cpu: dtype bf16 on device cpu: CPU cases "
+                                             "train in fp32 only"):
+        plan.resolve({**CONFIG, "profiles": profiles, "profile": "cpu", "gpus": 0})
+
+
+def test_a_key_given_twice_in_a_yaml_file_is_an_error_naming_its_line(tmp_path):
+    # PyYAML keeps the last: a profile written twice ran only its second form
+    config = tmp_path / "config.yaml"
+    config.write_text("profiles:\n  mine:\n    steps: 4\n  mine:\n    steps: 400\n")
+    with pytest.raises(plan.PlanError, match=rf"^{config}:4:3: not valid YAML: the key 'mine' "
+                                             "is given twice in one mapping"):
+        plan.check_yaml(config)
+    plan.check_yaml(REPO / "configs" / "config.yaml")  # the shipped one has none
+
+
 def test_paper_profile_is_exactly_figure7_and_figure9():
     cases = plan.load_cases(plan.resolve({**CONFIG, "profile": "paper", "gpus": 8}), REPO)
     e2e = parse_cfg(REPO / "configs/e2e/single_node_asplos24.cfg", max_gpus=8)

@@ -339,3 +339,20 @@ def test_a_rerun_keeps_the_rows_nodes_and_3d_layout():
     zero3 = case_fields({**row("deepspeed", 1.0, 1.0, 1.0, gpus=4), "pp": 1, "tp": 1, "dp": 4,
                          "micro_batch": 2})
     assert "pp" not in zero3  # data parallel by its mode, not 3D
+
+
+def test_a_rerun_that_does_not_run_ok_leaves_the_point_undecided(monkeypatch, tmp_path):
+    """On a GPU a rerun can run out of memory or time out: the recheck goes on, and the
+    comparison it could not repeat is INCONCLUSIVE, with the reason."""
+    calls = []
+    rates = {"deepspeed": 40, "slapo-deepspeed": None,  # the rerun fails
+             "eager": 90, "slapo-kernel": 91, "megatron": 80, "slapo-megatron": 70}
+    monkeypatch.setattr(recheck, "run_again", fake_runs(rates, calls))
+    result = recheck.recheck(*frames(), tmp_path, steps=24, warmup=4, most=3)
+    entry = result["comparisons"][claims.pair_key(E2E[2], E2E[3])]
+    assert entry["verdict_again"] == "INCONCLUSIVE" and "repeat" not in entry
+    assert claims.compare(entry["rerun"]["slapo-deepspeed__bert-tiny__g2"],
+                          entry["rerun"]["deepspeed__bert-tiny__g2"]) == "INCONCLUSIVE"
+    verdict, why = claims.after_recheck("PASS", E2E[3], E2E[2], result["comparisons"])
+    assert verdict == "INCONCLUSIVE"
+    assert why == "; measured again back to back, which did not run ok"
