@@ -188,8 +188,8 @@ def test_a_form_feed_or_line_separator_is_no_line_break():
     # str.splitlines broke the line at them, and every later error named the wrong line
     for odd in ("\x0c", "\u2028"):
         with pytest.raises(CfgError, match=r"x.cfg:2: unknown mode"):
-            parse_cfg_text(f"eager bert-tiny 1 64 0 4 0 # a{odd}comment\nbogus bert-tiny 1 64 0 4 0",
-                           "x.cfg")
+            parse_cfg_text(f"eager bert-tiny 1 64 0 4 0 # a{odd}comment\n"
+                           "bogus bert-tiny 1 64 0 4 0", "x.cfg")
 
 
 @pytest.mark.parametrize(
