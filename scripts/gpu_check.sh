@@ -46,6 +46,14 @@ python3 -c "import torch, transformers, deepspeed, megatron.core as m; print('to
 torch.__version__, 'cuDNN', torch.backends.cudnn.version(), 'transformers', \
 transformers.__version__, 'deepspeed', deepspeed.__version__, 'megatron-core', m.__version__, \
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"
+# the analysis' packages come from the machine's image (the wheels carry none): say which
+python3 -c "import importlib.metadata as md
+for name in ('pandas', 'matplotlib', 'seaborn', 'snakemake'):
+    try:
+        print(name, md.version(name), end='; ')
+    except md.PackageNotFoundError:
+        print(name, 'missing', end='; ')
+print()"
 echo "set-up: $((SECONDS - start)) s"
 status=0
 if [[ $part == workflow ]]; then
@@ -75,9 +83,12 @@ if [[ $part == workflow ]]; then
     echo "claims not made: ${left} s of the part's 7 minutes left" | tee -a "$out/snakemake.log"
   fi
   for file in results/e2e.csv results/ablation.csv results/loc.csv results/claims.md \
-              results/claims.json figures/e2e.pdf figures/ablation.pdf figures/table4.md; do
+              results/claims.json results/recheck.json results/gaps.json figures/e2e.pdf \
+              figures/ablation.pdf figures/table4.md; do
     if [[ -f $file ]]; then cp "$file" "$out/"; else echo "not made: $file"; fi
   done
+  # the rules' own logs: what a job killed by the part's timeout did last
+  [[ -d results/logs ]] && cp -r results/logs "$out/rule-logs"
   for experiment in e2e ablation; do
     [[ -d results/$experiment/gpu-smoke ]] && cp -r "results/$experiment/gpu-smoke" "$out/$experiment"
   done

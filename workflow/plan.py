@@ -96,6 +96,7 @@ def resolve(config: dict, env: dict | None = None) -> dict:
     settings.setdefault("max_gpus", max(count, 1))
     settings.setdefault("gpus_per_node", None)
     settings.setdefault("recheck_budget_s", None)
+    settings.setdefault("reruns", True)
     settings.setdefault("time_target_s", None)
     settings.setdefault("time_reserved_s", None)
     settings["experiments"] = {exp: list(settings.get("experiments", {}).get(exp, []))
@@ -314,8 +315,27 @@ def job_case(case: Case, settings: dict, tuning: TuningSpec | None = None) -> Ca
 
 
 def gpus_resource(case: Case, settings: dict) -> int:
-    """The ``gpus`` resource of a case's job: its GPU count on CUDA, 0 on CPU ranks."""
-    return case.gpus if settings["device"] == "cuda" else 0
+    """The ``gpus`` resource of a case's job: its GPU count on CUDA, 0 on CPU ranks, at most
+    the GPUs this machine has (where it has any): a case that needs more then runs its job,
+    whose runner records it ``unsupported``, where Snakemake would stop the whole run ("Job
+    needs gpus=8 but only gpus=4")."""
+    if settings["device"] != "cuda":
+        return 0
+    return _at_most_the_machines(case.gpus, settings)
+
+
+def machine_job_gpus(settings: dict) -> tuple[int, int]:
+    """``(gpus, gpu)`` of a job that reruns cases (the recheck, the gaps profiles), holding
+    the GPUs as the largest case does: ``gpus`` for packing jobs on this machine (at most its
+    GPUs, as :func:`gpus_resource`), ``gpu`` for the Slurm plugin's request (all of them)."""
+    if settings["device"] != "cuda":
+        return 0, 0
+    return _at_most_the_machines(settings["max_gpus"], settings), settings["max_gpus"]
+
+
+def _at_most_the_machines(count: int, settings: dict) -> int:
+    available = int(settings.get("gpus_available") or 0)
+    return min(count, available) if available else count
 
 
 def machine_cores(cores: int | None) -> int:
@@ -381,7 +401,9 @@ def gpu_request(case: Case, settings: dict) -> int | None:
     """The ``gpu`` resource (the Slurm plugin's ``--gpus``, all of the job's GPUs): the
     ``gpus`` resource for a case on one node; None on several, whose GPUs are asked per
     machine (``gres``, :func:`node_resources`)."""
-    return gpus_resource(case, settings) if case.nodes == 1 else None
+    if case.nodes > 1:
+        return None
+    return case.gpus if settings["device"] == "cuda" else 0
 
 
 def python_on_path() -> None:

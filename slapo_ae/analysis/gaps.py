@@ -96,11 +96,11 @@ def _point(what, model, gpus, base, ours, rechecks=None) -> dict:
 
 
 def profile_case(case: dict, out_dir: Path, device: str, dtype: str,
-                 harness: str = DEFAULT_HARNESS) -> dict:
+                 harness: str = DEFAULT_HARNESS, timeout: float | None = None) -> dict:
     """Run ``case`` (:func:`slapo_ae.analysis.rerun.case_fields`) under the profiler through
     the harness CLI; returns rank 0's operators (``rank0.ops.json``)."""
     record = run_again(case, out_dir, PROFILE_STEPS, PROFILE_WARMUP, device, dtype, harness,
-                       ("--profile", str(out_dir)))
+                       ("--profile", str(out_dir)), timeout=timeout)
     if record is None or record.status != "ok":
         log = out_dir / "run.log"
         what = (record.reason.splitlines()[0] if record and record.reason else
@@ -196,19 +196,22 @@ def cause_text(profile: dict) -> str:
 
 def find_gaps(e2e_rows, ablation_rows, profiles: Path | None, device: str = "cpu",
               dtype: str = "fp32", max_profiles: int = MAX_PROFILES,
-              harness: str = DEFAULT_HARNESS, rechecks: dict | None = None) -> dict:
+              harness: str = DEFAULT_HARNESS, rechecks: dict | None = None,
+              timeout: float | None = None) -> dict:
     points = target_points(e2e_rows, ablation_rows, rechecks)
     behind = sorted((p for p in points if p["verdict"] == FAIL), key=lambda p: p["ratio"])
     for i, point in enumerate(behind):
         if profiles is None or i >= max_profiles:
-            point["cause"] = "not profiled" + (f" (only the {max_profiles} largest gaps are)"
-                                               if profiles is not None else "")
+            point["cause"] = "not profiled" + (
+                "" if profiles is None else " (the profile reruns no case: reruns: false)"
+                if max_profiles == 0 else f" (only the {max_profiles} largest gaps are)")
             continue
         where = profiles / f"{point['slapo']['mode']}__{point['model'].replace('/', '_')}__" \
                            f"g{point['gpus']}"
         try:
-            base = profile_case(point["baseline"], where / "baseline", device, dtype, harness)
-            ours = profile_case(point["slapo"], where / "slapo", device, dtype, harness)
+            base = profile_case(point["baseline"], where / "baseline", device, dtype, harness,
+                                timeout)
+            ours = profile_case(point["slapo"], where / "slapo", device, dtype, harness, timeout)
         except (RuntimeError, OSError, ValueError) as err:
             point["cause"] = f"profiling failed: {err}"
             continue
@@ -232,12 +235,14 @@ def main(argv=None) -> int:
     parser.add_argument("--harness", default=DEFAULT_HARNESS, help="the harness CLI")
     parser.add_argument("--recheck", help="slapo_ae.analysis.recheck's JSON: comparisons "
                                           "measured again back to back")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds for each profiled run (default: the harness's)")
     args = parser.parse_args(argv)
     recheck = (json.loads(Path(args.recheck).read_text())
                if args.recheck and Path(args.recheck).is_file() else {})
     result = find_gaps(table_rows(read_table(args.e2e)), table_rows(read_table(args.ablation)),
                        Path(args.profiles), args.device, args.dtype, args.max_profiles,
-                       args.harness, recheck.get("comparisons"))
+                       args.harness, recheck.get("comparisons"), args.timeout)
     write_text(args.out, json.dumps(result, indent=2) + "\n")
     for p in result["points"]:
         print(f"{p['what']} {p['model']} x{p['gpus']}: {p['ratio']:.2f}x, {p['relation']}"

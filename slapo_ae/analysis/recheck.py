@@ -155,10 +155,12 @@ def recheck(e2e, ablation, runs: Path, steps: int, warmup: int, device: str = "c
             dtype: str = "fp32", below: float = DRIFT, most: int = MAX_RECHECKS,
             harness: str = DEFAULT_HARNESS, budget_s: float | None = None,
             target_s: float | None = None, reserved_s: float = 0.0,
-            clock=time.monotonic) -> dict:
+            clock=time.monotonic, timeout: float | None = None, reruns: bool = True) -> dict:
     """Measure again the points where Slapo trails, then the closest ``most`` of the other
     close calls, each of those only if it should end within the budget (seconds from the
-    start, the trailing points' runs included; :func:`time_budget`)."""
+    start, the trailing points' runs included; :func:`time_budget`); ``timeout``: each
+    rerun's (the profile's for a case). ``reruns=False`` (a profile's ``reruns: false``, a
+    smoke test's) measures none and says so for each."""
     budget, basis = time_budget(e2e, ablation, budget_s, target_s, reserved_s)
     close = close_calls(comparisons(e2e, ablation), below)
     trailing = trailing_calls(e2e, ablation)
@@ -168,8 +170,9 @@ def recheck(e2e, ablation, runs: Path, steps: int, warmup: int, device: str = "c
     measured, skipped = {}, []
     profiles_s, still_behind = 0.0, 0  # what rule gaps will spend profiling those points
     for i, (a, b, decided, m) in enumerate(trailing + others):
-        if i >= len(trailing):  # a close call where Slapo is not behind: within the limits
-            why, spent, cost = None, clock() - started + profiles_s, expected_seconds(a, b)
+        why = None if reruns else "the profile reruns no case (reruns: false)"
+        if why is None and i >= len(trailing):  # where Slapo is not behind: within the limits
+            spent, cost = clock() - started + profiles_s, expected_seconds(a, b)
             if i - len(trailing) >= most:
                 why = f"only the {most} closest of {len(others)} are measured (--max)"
             elif budget is not None and spent >= budget:
@@ -177,14 +180,14 @@ def recheck(e2e, ablation, runs: Path, steps: int, warmup: int, device: str = "c
             elif budget is not None and spent + cost > budget:
                 why = (f"its runs (about {cost:.0f} s) would end past the recheck's "
                        f"{budget:.0f} s{_source(basis)}")
-            if why:
-                skipped.append(pair_key(a, b))
-                measured[pair_key(a, b)] = {
-                    "a": a["case_id"], "b": b["case_id"], "verdict": decided, "margin": m,
-                    "rerun": None, "verdict_again": None, "skipped": why}
-                continue
+        if why:
+            skipped.append(pair_key(a, b))
+            measured[pair_key(a, b)] = {
+                "a": a["case_id"], "b": b["case_id"], "verdict": decided, "margin": m,
+                "rerun": None, "verdict_again": None, "skipped": why}
+            continue
         measured[pair_key(a, b)] = entry = _measure(a, b, decided, m, i, runs, steps, warmup,
-                                                    device, dtype, harness)
+                                                    device, dtype, harness, timeout)
         if (i < len(trailing) and still_behind < MAX_PROFILES
                 and after_recheck(FAIL, a, b, {pair_key(a, b): entry})[0] == FAIL):
             still_behind += 1
@@ -210,13 +213,14 @@ def _source(basis: dict) -> str:
             f"case runs and {basis['reserved_s']:g} s reserved)")
 
 
-def _measure(a, b, decided, m, i, runs, steps, warmup, device, dtype, harness) -> dict:
+def _measure(a, b, decided, m, i, runs, steps, warmup, device, dtype, harness,
+             timeout=None) -> dict:
     """The ``i``-th comparison, ``a`` against ``b``, run back to back (and its repeat)."""
     order = (b, a) if i % 2 == 0 else (a, b)  # whatever drifts, it favours neither side
     rerun = {}
     for row in order:
         record = run_again(case_fields(row), runs / str(row["case_id"]), steps, warmup,
-                           device, dtype, harness)
+                           device, dtype, harness, timeout=timeout)
         rerun[str(row["case_id"])] = {**measured_row(record), "case_id": row["case_id"]}
     again = compare(rerun[str(a["case_id"])], rerun[str(b["case_id"])])
     entry = {"a": a["case_id"], "b": b["case_id"], "verdict": decided, "margin": m,
@@ -224,7 +228,7 @@ def _measure(a, b, decided, m, i, runs, steps, warmup, device, dtype, harness) -
     if again == decided:  # the pair agrees: the first case once more, after the second
         first, second = order[0], rerun[str(order[1]["case_id"])]
         record = run_again(case_fields(first), runs / f"{first['case_id']}.repeat", steps,
-                           warmup, device, dtype, harness)
+                           warmup, device, dtype, harness, timeout=timeout)
         entry["repeat"] = {**measured_row(record), "case_id": first["case_id"],
                            "mode": first["mode"]}
         entry["verdict_repeat"] = (compare(entry["repeat"], second) if first is a
@@ -256,10 +260,15 @@ def main(argv=None) -> int:
     parser.add_argument("--reserved-s", type=float, default=0.0,
                         help="seconds of the time target kept for the workflow's other steps")
     parser.add_argument("--harness", default=DEFAULT_HARNESS, help="the harness CLI")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds for each rerun (default: the harness's for the device)")
+    parser.add_argument("--no-reruns", action="store_true",
+                        help="measure nothing again; each comparison says why")
     args = parser.parse_args(argv)
     result = recheck(read_table(args.e2e), read_table(args.ablation), Path(args.runs),
                      args.steps, args.warmup, args.device, args.dtype, args.below, args.most,
-                     args.harness, args.budget_s, args.time_target_s, args.reserved_s)
+                     args.harness, args.budget_s, args.time_target_s, args.reserved_s,
+                     timeout=args.timeout, reruns=not args.no_reruns)
     write_text(args.out, json.dumps(result, indent=2, default=str) + "\n")
     return 0
 

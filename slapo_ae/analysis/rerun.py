@@ -10,12 +10,20 @@ that it never measures beside another CPU case, whichever workflow started that 
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 from pathlib import Path
 
 from slapo_ae.case import PIPELINE_MODES, Case, parse_ckpt
 from slapo_ae.harness.gpu_slots import GpuSlots
-from slapo_ae.harness.runner import DEFAULT_HARNESS, cpu_lock_dir, harness_command, harness_env
+from slapo_ae.harness.runner import (
+    DEFAULT_HARNESS,
+    SLOTS_DIR_ENV,
+    SLOTS_TOTAL_ENV,
+    cpu_lock_dir,
+    harness_command,
+    harness_env,
+)
 from slapo_ae.harness.runspec import default_timeout
 from slapo_ae.record import Record, read_record
 
@@ -46,10 +54,13 @@ def case_fields(row) -> dict:
 
 
 def run_again(fields: dict, out_dir: Path, steps: int, warmup: int, device: str, dtype: str,
-              harness: str = DEFAULT_HARNESS, extra: tuple = ()) -> Record | None:
+              harness: str = DEFAULT_HARNESS, extra: tuple = (),
+              timeout: float | None = None) -> Record | None:
     """Run the case of ``fields`` (:func:`case_fields`) for ``steps`` steps (``warmup`` of
     them untimed), record and log in ``out_dir``; ``extra``: more ``slapo-bench run``
-    options. Returns the record, None if the harness left none."""
+    options; ``timeout``: the profile's for a case (default: the harness's for the device).
+    On CUDA it holds the case's GPU slots, as the case runner does (the workflow's slots,
+    where it set them). Returns the record, None if the harness left none."""
     out_dir.mkdir(parents=True, exist_ok=True)
     case = Case(mode=fields["mode"], model=fields["model"], gpus=fields["gpus"],
                 seq_len=fields["seq_len"], dec_seq_len=fields["dec_seq_len"],
@@ -59,13 +70,19 @@ def run_again(fields: dict, out_dir: Path, steps: int, warmup: int, device: str,
                 **{key: fields[key] for key in ("pp", "tp", "micro_batch") if key in fields})
     record_path, log = out_dir / "record.json", out_dir / "run.log"
     record_path.unlink(missing_ok=True)  # a record left by an earlier run is not this one's
-    cmd = harness_command(harness, case, default_timeout(device, steps), str(record_path),
-                          str(log))
+    cmd = harness_command(harness, case, timeout or default_timeout(device, steps),
+                          str(record_path), str(log))
     env = harness_env()
     slot = None
+    slots_dir, slots_total = os.environ.get(SLOTS_DIR_ENV), os.environ.get(SLOTS_TOTAL_ENV)
     if device != "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ""
         slot = GpuSlots(cpu_lock_dir(), 1).acquire(1)
+    elif slots_dir and slots_total and case.gpus <= int(slots_total):
+        # more than the machine has: the harness records it unsupported, as the runner does
+        slot = GpuSlots(slots_dir, int(slots_total),
+                        os.environ.get("CUDA_VISIBLE_DEVICES")).acquire(case.gpus)
+        env["CUDA_VISIBLE_DEVICES"] = slot.visible_devices
     try:  # the harness inherits the slot's lock: it is held while any of its ranks runs
         subprocess.run(cmd + [*extra, "--quiet"], stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, env=env,

@@ -121,7 +121,7 @@ def test_matrix_products_tell_more_work_from_slower_work():
 def test_find_gaps_profiles_only_the_points_behind(monkeypatch, tmp_path):
     calls = []
 
-    def fake_profile(case, out_dir, device, dtype, harness):
+    def fake_profile(case, out_dir, device, dtype, harness, timeout=None):
         calls.append((case["mode"], case["gpus"], out_dir.name))
         slow = case["mode"].startswith("slapo")
         return ops(2, 120 if slow else 100, **{"aten::mm": 50 + (20 if slow else 0)})

@@ -162,6 +162,13 @@ def test_resources_and_threads():
     assert case.gpus == 2
     assert plan.gpus_resource(case, {"device": "cuda"}) == 2
     assert plan.gpus_resource(case, {"device": "cpu"}) == 0
+    # more GPUs than the machine has: the job runs (its runner records it unsupported) where
+    # Snakemake would stop the run; Slurm's request stays the case's own
+    one_gpu = {"device": "cuda", "gpus_available": 1, "max_gpus": 8}
+    assert plan.gpus_resource(case, one_gpu) == 1 and plan.gpu_request(case, one_gpu) == 2
+    assert plan.machine_job_gpus(one_gpu) == (1, 8)
+    assert plan.machine_job_gpus({"device": "cuda", "gpus_available": 0, "max_gpus": 8}) == (8, 8)
+    assert plan.machine_job_gpus({"device": "cpu", "max_gpus": 2}) == (0, 0)
     # CPU: the job holds every core (cases run alone), its ranks one core each
     one_rank = parse_cfg(REPO / "configs/e2e/cpu_tiny.cfg", max_gpus=2)[0]
     assert one_rank.gpus == 1

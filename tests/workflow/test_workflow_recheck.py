@@ -49,7 +49,7 @@ def test_close_calls_are_the_decided_comparisons_nearer_than_the_drift_both_ways
 
 def fake_runs(rates, calls):
     """A run_again that records the order of the runs and measures ``rates[mode]``."""
-    def run_again(fields, out_dir, steps, warmup, device, dtype, harness):
+    def run_again(fields, out_dir, steps, warmup, device, dtype, harness, timeout=None):
         calls.append((fields["case_id"], steps, warmup, out_dir.name))
         rate = rates[fields["mode"]]
         if rate is None:
@@ -94,7 +94,7 @@ def test_a_verdict_the_pair_confirms_must_hold_against_the_repeat_too(monkeypatc
     e2e = pd.DataFrame(E2E[:2])  # Slapo-TP behind Megatron-LM at 2 ranks
     calls = []
     runs = {"megatron": iter([80, 60]), "slapo-megatron": iter([70])}  # the repeat: 60
-    monkeypatch.setattr(recheck, "run_again", lambda fields, out_dir, *a: calls.append(
+    monkeypatch.setattr(recheck, "run_again", lambda fields, out_dir, *a, **k: calls.append(
         out_dir.name) or Record("ok", {"id": fields["case_id"]}, metrics={
             "samples_per_s": (r := next(runs[fields["mode"]])), "spread": {"q1": r - 2,
                                                                            "q3": r + 2}}))
@@ -157,7 +157,7 @@ def test_no_close_call_starts_once_the_budget_is_spent_but_a_trailing_point_alwa
         monkeypatch, tmp_path):
     calls, now = [], [0.0]
 
-    def run_again(fields, out_dir, *args):  # each case run takes 50 s of a fake clock
+    def run_again(fields, out_dir, *args, **kwargs):  # each case run takes 50 s of a fake clock
         now[0] += 50
         return fake_runs({"eager": 90, "slapo-kernel": 91, "megatron": 80,
                           "slapo-megatron": 70, "deepspeed": 40, "slapo-deepspeed": 47},
@@ -202,7 +202,7 @@ def test_no_close_call_starts_that_its_cases_run_times_say_would_end_past_the_bu
         monkeypatch, tmp_path):
     calls, now = [], [0.0]
 
-    def run_again(fields, out_dir, *args):  # each case run takes 10 s, as its row says
+    def run_again(fields, out_dir, *args, **kwargs):  # each case run takes 10 s, as its row says
         now[0] += 10
         return fake_runs({"eager": 90, "slapo-kernel": 91, "megatron": 80,
                           "slapo-megatron": 70, "deepspeed": 40, "slapo-deepspeed": 47},

@@ -23,11 +23,16 @@ rule recheck:
                 ("budget-s", "recheck_budget_s"), ("time-target-s", "time_target_s"),
                 ("reserved-s", "time_reserved_s"))
             if PROFILE[key] is not None),
+        reruns="" if PROFILE["reruns"] else "--no-reruns",
         harness=config["harness"],
-    # it reruns cases: it holds the machine as a case does
+    # it reruns cases: it holds the machine as a case does (gpus: packing here; gpu: Slurm's
+    # request)
     threads: all_cores
+    # a rerun's time limit is a resource, as a case's: raising it reruns nothing
     resources:
-        gpus=PROFILE["max_gpus"] if PROFILE["device"] == "cuda" else 0,
+        gpus=plan.machine_job_gpus(PROFILE)[0],
+        gpu=plan.machine_job_gpus(PROFILE)[1],
+        timeout_s=PROFILE["timeout"],
     log:
         "results/logs/recheck.log",
     conda:
@@ -37,7 +42,7 @@ rule recheck:
         "--ablation {input.ablation} --out {output} --runs results/recheck "
         "--steps {params.steps} --warmup {params.warmup} --below {params.below} "
         "--max {params.most} {params.budget} --device {params.device} --dtype {params.dtype} "
-        "--harness {params.harness:q} > {log} 2>&1"
+        "--timeout {resources.timeout_s} {params.reruns} --harness {params.harness:q} > {log} 2>&1"
 
 
 rule gaps:
@@ -51,12 +56,16 @@ rule gaps:
     params:
         device=PROFILE["device"],
         dtype=PROFILE["dtype"],
+        max_profiles="" if PROFILE["reruns"] else "--max-profiles 0",
         harness=config["harness"],
     # it reruns cases under the profiler: it holds the machine as a case does (the harness
     # gives their ranks one core each on CPU, as in the cases)
     threads: all_cores
+    # a rerun's time limit is a resource, as a case's: raising it reruns nothing
     resources:
-        gpus=PROFILE["max_gpus"] if PROFILE["device"] == "cuda" else 0,
+        gpus=plan.machine_job_gpus(PROFILE)[0],
+        gpu=plan.machine_job_gpus(PROFILE)[1],
+        timeout_s=PROFILE["timeout"],
     log:
         "results/logs/gaps.log",
     conda:
@@ -65,7 +74,8 @@ rule gaps:
         "python -m slapo_ae.analysis.gaps --e2e {input.e2e} "
         "--ablation {input.ablation} --recheck {input.recheck} --out {output} "
         "--profiles results/profiles --device {params.device} --dtype {params.dtype} "
-        "--harness {params.harness:q} > {log} 2>&1"
+        "--timeout {resources.timeout_s} {params.max_profiles} --harness {params.harness:q} "
+        "> {log} 2>&1"
 
 
 rule claims:

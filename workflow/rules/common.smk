@@ -155,10 +155,12 @@ def table4_inputs(wildcards):
 
 
 def smoke_case():
+    """kick_the_tires' smoke case, on CUDA where the machine has its GPUs, else on CPU ranks
+    (a one-GPU machine: the case's two ranks would not fit, and it would be unsupported)."""
     kick = config["kick_the_tires"]
     case = parse_cfg_text(kick["smoke_case"], "kick_the_tires.smoke_case")[0]
-    device = "cuda" if PROFILE["gpus_available"] else "cpu"
-    return case.for_run(kick["steps"], kick["warmup"], "fp32", device).to_json()
+    device = "cuda" if PROFILE["gpus_available"] >= case.gpus else "cpu"
+    return case.for_run(kick["steps"], kick["warmup"], "fp32", device)
 
 
 # -- the tunings (autotune.smk): rounds are checkpoints, read here once they have run --------

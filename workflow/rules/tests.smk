@@ -7,11 +7,13 @@ rule kick_the_tires:
     log:
         "results/kick_the_tires/kick.log",
     params:
-        case=smoke_case(),
+        case=smoke_case().to_json(),
         case_timeout=config["kick_the_tires"]["timeout"],
         harness=config["harness"],
         timeout=config["kick_the_tires"]["test_timeout"],
         pytest=shlex.join(config["kick_the_tires"]["pytest_args"]),
+    resources:
+        gpus=smoke_case().gpus if smoke_case().device == "cuda" else 0,
     conda:
         ENV
     shell:
