@@ -80,15 +80,22 @@ def _fuse_conv1d_gelu(conv, act) -> None:
 def gen_embedding_hooks(sch, vocab_size: int):
     """Upstream Slapo's hooks for a word embedding sharded by vocabulary, as its scripts
     install them: ``sch["wte"].sync("fwd_pre", pre)`` and ``sync("fwd_post", post)`` after
-    ``shard("weight", axis=0)``. Here ``shard`` itself makes the embedding look up zeros for
-    ids outside this rank's rows (of ``vocab_size``), so ``pre`` leaves the ids as they are
-    and ``post`` all-reduces the partial embeddings over the schedule's group."""
+    ``shard("weight", axis=0)``. ``pre`` makes the ids this rank's (its rows of
+    ``vocab_size``; others to 0), which the sharded embedding, given a ``fwd_pre`` hook, looks
+    up as they are; ``post`` zeroes the rows of other ranks' ids and all-reduces the partial
+    embeddings over the schedule's group."""
     from ..sharding import reduce_forward_output
 
-    def fwd_pre_hook(_module, _args):
-        return None  # the sharded embedding masks the ids outside its rows itself
+    start = sch.rank * vocab_size // sch.world_size
+    end = (sch.rank + 1) * vocab_size // sch.world_size
+    call = {}  # the ids' mask of this call, for post (which sees the local ids)
+
+    def fwd_pre_hook(_module, args):
+        call["outside"] = outside = (args[0] < start) | (args[0] >= end)
+        return (args[0] - start).masked_fill(outside, 0)
 
     def fwd_post_hook(_module, _args, output):
+        output = output.masked_fill(call.pop("outside").unsqueeze(-1), 0.0)
         return reduce_forward_output(output, sch.group)
 
     return fwd_pre_hook, fwd_post_hook

@@ -7,7 +7,9 @@ device its tensors are on (``kernel_choices``).
 
 - ``attention`` / ``CoreAttention`` / ``hf_attention_forward`` / ``math_attention`` / ``use_sdpa``:
   ``sdpa.py``; which of SDPA's kernels it runs on, measured on the device: ``sdpa_backend.py``
-- ``FlashAttention`` (upstream Slapo's attention module, on SDPA): ``flash_attention.py``
+- ``FlashAttention`` and its core ``FlashAttentionOp`` (upstream Slapo's attention modules, on
+  SDPA): ``flash_attention.py``; ``slapo.op.attention.FlashAttentionOp``, upstream's import
+  path, is the same class (``slapo.op.attention`` itself stays the function)
 - ``bias_gelu`` / ``LinearGeLU`` / ``Conv1DGeLU`` (transformers' Conv1D) / ``kernel_compiler``
   (the backend for ``fuse``): ``gelu.py``
 - ``dropout`` / ``Dropout`` / ``use_device_dropout``: ``dropout.py``
@@ -28,7 +30,7 @@ from .cross_entropy import (
     vocab_parallel_loss,
 )
 from .dropout import Dropout, dropout, dropout_kernel, use_device_dropout
-from .flash_attention import FlashAttention
+from .flash_attention import FlashAttention, FlashAttentionOp
 from .gelu import (
     LinearGeLU,
     bias_gelu,
@@ -65,7 +67,8 @@ from .upstream import (
     Print,
 )
 
-__all__ = ["Conv1DGeLU", "CoreAttention", "Dropout", "FlashAttention", "FusedMLP", "FusedQKV",
+__all__ = ["Conv1DGeLU", "CoreAttention", "Dropout", "FlashAttention", "FlashAttentionOp",
+           "FusedMLP", "FusedQKV",
            "LOSS_KINDS", "LinearGeLU", "LinearWithSeparateBias", "LinearWithSyncFunc",
            "PaddedLinear", "ParallelCrossEntropy", "Print", "SLAPO_ATTENTION",
            "SLAPO_CORE_ATTENTION", "attention", "bias_gelu", "bias_gelu_kernel",
@@ -97,3 +100,20 @@ def kernel_choices(device_type: str) -> dict[str, str]:
         attention_kernel += " (written out, 16-bit-mask dropout, when training with dropout)"
     return {"attention": attention_kernel, "dropout": dropout_kernel(device_type),
             "bias_gelu": bias_gelu_kernel(device_type)}
+
+
+def _upstream_attention_module() -> None:
+    """``from slapo.op.attention import FlashAttentionOp`` (upstream's module path) without a
+    submodule: one would replace the function ``slapo.op.attention`` on this package once
+    imported. Registered in ``sys.modules`` only, which an import finds first and leaves the
+    package's attribute alone."""
+    import sys
+    import types
+
+    shim = types.ModuleType(f"{__name__}.attention", "upstream Slapo's slapo.op.attention")
+    shim.FlashAttentionOp, shim.FlashAttention = FlashAttentionOp, FlashAttention
+    sys.modules.setdefault(shim.__name__, shim)
+
+
+_upstream_attention_module()
+

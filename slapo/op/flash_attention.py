@@ -1,5 +1,8 @@
 """``FlashAttention``: upstream Slapo's self-attention module, computed with
-``scaled_dot_product_attention`` (``slapo.op.attention`` through a ``CoreAttention``).
+``scaled_dot_product_attention`` (``slapo.op.attention``), and ``FlashAttentionOp``, its
+attention core under upstream's name, arguments and call (``op(q, k, v, mask, p)`` on
+``[B, S, H, D]`` tensors; ``slapo.op.attention.FlashAttentionOp`` too), which upstream's
+schedules keep as a leaf when they trace (``leaf_modules=["FlashAttentionOp"]``) and subclass.
 
 Upstream chose among xFormers, flash-attention (Triton or CUDA) and reference kernels by
 ``attn_op_name``. Those packages are not part of this stack: every name upstream accepted is
@@ -25,11 +28,42 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .sdpa import CoreAttention
+from .sdpa import attention
 
 # upstream's names: xFormers ops ("auto" lets it choose), flash-attention kernels, references
 ATTN_OP_NAMES = ("auto", "cutlass", "flash", "triton", "small_k", "cuda", "native_xformers",
                  "native_flash_attn")
+
+
+class FlashAttentionOp(nn.Module):
+    """The attention core: ``op(query, key, value, attention_mask, p)`` on ``[B, S, H, D]``
+    tensors, returning ``[B, S, H, D]`` in the query's dtype. ``attention_mask``: boolean (True
+    = attend) or additive, broadcastable to ``[B, H, S_q, S_k]``; ``apply_causal_mask``: causal
+    attention; ``scale``: of the scores (default ``1/sqrt(D)``); ``p``: dropout on the
+    probabilities, in training mode only (upstream applied it in eval mode too)."""
+
+    def __init__(self, attn_op_name: str = "auto", apply_causal_mask: bool = False,
+                 scale: float | None = None):
+        super().__init__()
+        if attn_op_name not in ATTN_OP_NAMES:
+            raise ValueError(f"FlashAttentionOp: unknown attn_op_name {attn_op_name!r}; "
+                             f"expected one of {', '.join(ATTN_OP_NAMES)} (all computed by "
+                             "SDPA)")
+        self.attn_op_name, self.apply_causal_mask, self.scale = (attn_op_name,
+                                                                 apply_causal_mask, scale)
+
+    def forward(self, query_layer: torch.Tensor, key_layer: torch.Tensor,
+                value_layer: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                p: float = 0.0) -> torch.Tensor:
+        out = attention(query_layer.transpose(1, 2), key_layer.transpose(1, 2),
+                        value_layer.transpose(1, 2), attention_mask,
+                        causal=self.apply_causal_mask, scale=self.scale,
+                        dropout_p=p if self.training else 0.0)
+        return out.transpose(1, 2).to(query_layer.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"attn_op_name={self.attn_op_name!r}, apply_causal_mask="
+                f"{self.apply_causal_mask}, scale={self.scale}")
 
 
 class FlashAttention(nn.Module):
@@ -67,11 +101,11 @@ class FlashAttention(nn.Module):
         if output_proj:
             self.out_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
             self.resid_dropout = nn.Dropout(resid_pdrop)
-        self.attn_op = CoreAttention(causal=output_proj, dropout=attn_pdrop)
+        self.attn_op = FlashAttentionOp(attn_op_name, apply_causal_mask=output_proj)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, S, H * D] -> [B, S, H, D]; H from the tensor (this rank's heads)."""
-        return x.view(*x.shape[:-1], -1, self.attention_head_size)
+        return x.view(x.shape[:-1] + (-1, self.attention_head_size))
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 layer_past: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -92,17 +126,19 @@ class FlashAttention(nn.Module):
             raise NotImplementedError("FlashAttention does not support a head mask")
         if self.fused_qkv:
             fused = self.qkv(hidden_states)
-            fused = fused.view(*fused.shape[:-1], -1, 3 * self.attention_head_size)
-            query, key, value = fused.split(self.attention_head_size, dim=-1)
+            # shapes as tuples and splits indexed, not unpacked: traced without example
+            # inputs, as upstream's schedules trace it, a shape or split is one value
+            fused = fused.view(fused.shape[:-1] + (-1, 3 * self.attention_head_size))
+            parts = fused.split(self.attention_head_size, dim=-1)
+            query, key, value = parts[0], parts[1], parts[2]
         else:
             query, key, value = (self._heads(proj(hidden_states))
                                  for proj in (self.query, self.key, self.value))
         if layer_past is not None:
             key = torch.cat((layer_past[0], key), dim=1)
             value = torch.cat((layer_past[1], value), dim=1)
-        context = self.attn_op(query.transpose(1, 2), key.transpose(1, 2),
-                               value.transpose(1, 2), attention_mask)
-        context = context.transpose(1, 2).reshape(*hidden_states.shape[:-1], -1)
+        context = self.attn_op(query, key, value, attention_mask, self.attn_pdrop)
+        context = context.reshape(hidden_states.shape[:-1] + (-1,))
         if self.output_proj:
             context = self.resid_dropout(self.out_proj(context))
         return context, ((key, value) if use_cache else None)

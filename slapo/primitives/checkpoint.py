@@ -17,7 +17,7 @@ from ._subgraph import CHECKPOINT_CLASS
 
 
 @register_primitive()
-def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
+def checkpoint(sch, subgraph=None, name: str | None = None, order_args_fn=None) -> None:
     """Recompute this module's activations in the backward instead of storing them.
 
     Built on ``torch.utils.checkpoint`` (non-reentrant), so keyword arguments pass through,
@@ -43,8 +43,19 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
     ``name="core"``: ``core_0``), and checkpointed as above::
 
         attn.checkpoint(subgraph=attn.find(attention_core_pattern)[0], name="core")
+
+    ``order_args_fn`` (upstream's): a function of the call's ``(*args, **kwargs)`` returning
+    the positional arguments the module is then called with, as upstream's reentrant
+    wrapper, which could take no keyword arguments, called it (its schedules use it to drop
+    ``use_cache`` and the like). Keyword arguments pass through without it.
     """
+    if order_args_fn is not None and not callable(order_args_fn):
+        raise TypeError(f"checkpoint at '{sch.path or '<root>'}': order_args_fn must be "
+                        f"callable, got {type(order_args_fn).__name__}")
     if subgraph is not None:
+        if order_args_fn is not None:
+            raise ValueError(f"checkpoint at '{sch.path or '<root>'}': order_args_fn orders a "
+                             "module's call; a subgraph's inputs are its own")
         from ._subgraph import checkpoint_subgraph
         checkpoint_subgraph(sch, subgraph, name, checkpoint)
         return
@@ -56,6 +67,8 @@ def checkpoint(sch, subgraph=None, name: str | None = None) -> None:
     @outside_graphs(recursive=False)  # its RNG replay cannot be traced; ``inner`` compiles
     @functools.wraps(inner)
     def forward(*args, **kwargs):
+        if order_args_fn is not None:
+            args, kwargs = tuple(order_args_fn(*args, **kwargs)), {}
         return _checkpointed(inner, mod, args, kwargs)
 
     mod.forward = forward

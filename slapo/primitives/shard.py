@@ -294,4 +294,16 @@ def _make_vocab_parallel(emb: nn.Embedding, part: int, rank: int) -> None:
                           emb.scale_grad_by_freq, emb.sparse)
         return out.masked_fill(outside.unsqueeze(-1), 0.0)
 
+    forward.vocab_range = (start, part)  # for take_local_ids
     emb.forward = forward
+
+
+def take_local_ids(emb: nn.Module) -> bool:
+    """Make a vocabulary-parallel embedding look up the ids it is given as this rank's own
+    (a plain lookup of its rows), where a schedule's own ``fwd_pre`` hook makes them local, as
+    upstream's schedules did: masking them again as global ids would look up zeros. True when
+    ``emb`` was such an embedding."""
+    if not hasattr(getattr(emb, "forward", None), "vocab_range"):
+        return False
+    del emb.forward  # nn.Embedding's own, over this rank's rows and local padding index
+    return True

@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Callable
 
 from ..hooks import map_first_input, on_first_tensor, outside_graphs, post_chain
+from ..logger import get_logger
 from ..sharding.overlap import defer_weight_grad, overlap_input, supports_overlap
 from ..sharding.sync_ops import (
     apply_backward_op,
@@ -15,6 +16,9 @@ from ..sharding.sync_ops import (
     is_forward_op,
 )
 from . import register_primitive
+from .shard import take_local_ids
+
+logger = get_logger(__name__)
 
 SYNC_MODES = ("fwd_pre", "fwd_post", "bwd_post")
 # upstream Slapo's hook form of a callable: the arguments torch passes to each kind of hook
@@ -75,6 +79,10 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
     if mode not in SYNC_MODES:
         raise ValueError(f"unknown sync mode '{mode}' at '{where}'; expected one of {SYNC_MODES}")
     if callable(sync_op_or_fn):
+        if mode == "fwd_pre" and take_local_ids(sch.mod):
+            logger.info("sync at '%s': a fwd_pre function on a vocabulary-parallel embedding; "
+                        "the ids it gives are taken as this rank's (upstream's schedules make "
+                        "them local there), not masked again", where)
         if _is_hook(sync_op_or_fn, mode, where):
             _register_hook(sch.mod, mode, outside_graphs(sync_op_or_fn))
             return

@@ -205,3 +205,10 @@ def trace_until(sch, paths: str | list[str], **kwargs) -> bool:
                              "submodules to stop at")
         leaves += [f"{path}.{name}" for name in node.child]
     return trace(sch, leaves=leaves, **kwargs)
+
+
+@register_primitive()
+def trace_for_pipeline(sch, paths: str | list[str], **kwargs) -> bool:
+    """Upstream Slapo's name for :func:`trace_until` (its model schedules call it before they
+    cut pipeline stages)."""
+    return trace_until(sch, paths, **kwargs)

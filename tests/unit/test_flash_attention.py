@@ -65,7 +65,7 @@ def test_parameter_names_are_upstreams():
     plain = FlashAttention(HIDDEN, HEADS, output_proj=False, bias=False)
     assert {n for n, _ in plain.named_parameters()} == {"query.weight", "key.weight",
                                                         "value.weight"}
-    assert plain.attn_op.causal is False and fused.attn_op.causal is True
+    assert plain.attn_op.apply_causal_mask is False and fused.attn_op.apply_causal_mask is True
 
 
 def test_cache_continues_the_sequence():

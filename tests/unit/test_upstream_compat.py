@@ -251,3 +251,75 @@ def test_verify_leaves_the_random_state_as_it_found_it():
     with slapo.Verify(sch, [torch.ones(2, 4)], eval_mode=False):
         pass
     assert torch.equal(torch.rand(3), expected)
+
+
+# -- upstream's schedules, as a probe of them found them failing (2026-12-05) ----------------
+UPSTREAM_ATTN_CONCRETE = {"layer_past": None, "head_mask": None, "encoder_hidden_states": None,
+                          "encoder_attention_mask": None, "use_cache": False,
+                          "output_attentions": False}
+
+
+def test_upstream_traces_flash_attention_with_its_op_a_leaf_and_subclasses_the_op():
+    import copy
+
+    from slapo.op import FlashAttention, FlashAttentionOp
+
+    torch.manual_seed(0)
+    plain = FlashAttention(64, 4, fused_qkv=True)
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    # upstream's gpt_neo.py / bert.py: no example inputs, the op kept a leaf
+    sch.trace(tracer="pytorch", leaf_modules=["FlashAttentionOp"],
+              concrete_args=UPSTREAM_ATTN_CONCRETE)
+    op = sch["attn_op"].mod
+    assert isinstance(op, FlashAttentionOp) and op.apply_causal_mask is True
+
+    class AttentionOpWithRNG(FlashAttentionOp):  # upstream's subclass, its call and fields
+        def forward(self, query_layer, key_layer, value_layer, attention_mask, p):
+            return super().forward(query_layer, key_layer, value_layer, attention_mask, p)
+
+    sch["attn_op"].replace(AttentionOpWithRNG(op.attn_op_name, op.apply_causal_mask, op.scale))
+    x = torch.randn(2, 8, 64)
+    torch.testing.assert_close(sch.mod(x, None)[0], plain(x)[0], rtol=1e-5, atol=1e-6)
+    # fix_attention_mask_shape looks for an expand to fix: there is none, and that is no error
+    assert sch.find_node(lambda n: n.op == "call_method" and n.target == "expand") == []
+    from slapo.op.attention import FlashAttentionOp as at_upstreams_path
+
+    assert at_upstreams_path is FlashAttentionOp and callable(slapo.op.attention)
+
+
+def test_checkpoint_orders_the_call_as_upstreams_order_args_fn_says():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, scale=1.0, use_cache=True):
+            assert use_cache is False, "order_args_fn drops use_cache"
+            return self.lin(x) * scale
+
+    torch.manual_seed(0)
+    sch = slapo.create_schedule(Scaled())
+    sch.checkpoint(order_args_fn=lambda *args, **kwargs: (args[0], kwargs["scale"], False))
+    x = torch.randn(3, 4, requires_grad=True)
+    out = sch.mod(x, scale=2.0, use_cache=True)
+    torch.testing.assert_close(out, sch.mod.lin(x) * 2.0)
+    out.sum().backward()
+    assert x.grad is not None
+    with pytest.raises(TypeError, match="order_args_fn must be callable"):
+        sch.checkpoint(order_args_fn="positional")
+
+
+def test_trace_for_pipeline_is_upstreams_name_for_trace_until():
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    sch = slapo.create_schedule(Stack())
+    assert sch.trace_for_pipeline("layers", example_inputs=(torch.randn(2, 4),))
+    sch["layers.0"].cut_pipeline_stage()
