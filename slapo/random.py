@@ -147,13 +147,15 @@ def get_cuda_rng_tracker() -> RNGStreams:
 
 
 def set_random_seed(seed: int = 2013, dp_rank: int | None = None, pp_rank: int | None = None,
-                    tp_rank: int | None = None) -> int:
+                    tp_rank: int | None = None, always_enable_tp_seed: bool = False) -> int:
     """Seed Python's, NumPy's and PyTorch's generators for this rank; returns the seed used.
 
     Pipeline stages and data-parallel replicas draw differently (``seed + 100 * pp_rank +
     10 * dp_rank``, upstream Slapo's rule); ranks of one tensor-parallel group share the
     default generator, and with ``tp_rank`` each also gets its per-rank stream
-    (``seed + 2718 + tp_rank``) for dropout inside sharded regions (``fork_rng``).
+    (``seed + 2718 + tp_rank``) for dropout inside sharded regions (``fork_rng``);
+    ``always_enable_tp_seed`` (upstream's) registers that stream without a ``tp_rank`` too,
+    as rank 0's, so that a schedule's ``fork_rng`` finds it on one device.
     """
     import random
 
@@ -165,11 +167,17 @@ def set_random_seed(seed: int = 2013, dp_rank: int | None = None, pp_rank: int |
         np = None
     if np is not None:
         np.random.seed(seed % 2**32)
-    if tp_rank is None:
+    if tp_rank is None and not always_enable_tp_seed:
         torch.manual_seed(seed)
     else:
-        manual_seed(seed, tp_rank)
+        manual_seed(seed, tp_rank or 0)
     return seed
+
+
+def is_random_seed_set() -> bool:
+    """Whether the per-rank stream of ``set_random_seed(..., tp_rank=...)`` is registered
+    (upstream Slapo's check)."""
+    return bool(_STREAMS.get_states())
 
 
 def manual_seed(seed: int, rank: int = 0, stream: str = TENSOR_PARALLEL) -> None:

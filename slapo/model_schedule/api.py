@@ -12,8 +12,9 @@ Upstream keys and what they do here:
   (at 0 and 1 both methods checkpoint the same layers);
 - ``attn_op_name``: accepted; every attention runs on ``scaled_dot_product_attention``;
 - ``delay_init``: accepted; the schedules keep the model's weights, nothing is re-created;
-- ``bcast_input``, ``sequence_parallel``, ``pipeline_cuts``: accepted when off (False, None,
-  empty), refused when on (not part of these schedules).
+- ``bcast_input``, ``sequence_parallel``, ``pipeline_cuts``, ``disable_fuse_bias_gelu``
+  (BERT's): accepted when off (False, None, empty), refused when on (not part of these
+  schedules; ``kernel_opt=False`` keeps the model's own kernels).
 
 Keys of ``ScheduleOptions`` (``tensor_parallel``, ``shard_embedding``, ``kernel_opt``,
 ``device``, ``compile_layers``) pass through. Any other key is an error that names it.
@@ -28,7 +29,7 @@ _OPTION_KEYS = ("tensor_parallel", "shard_embedding", "kernel_opt", "ckpt_ratio"
                 "compile_layers")
 _ACCEPTED = ("fp16", "bf16", "group", "prefix", "checkpoint_method", "attn_op_name",
              "delay_init")
-_OFF_ONLY = ("bcast_input", "sequence_parallel", "pipeline_cuts")
+_OFF_ONLY = ("bcast_input", "sequence_parallel", "pipeline_cuts", "disable_fuse_bias_gelu")
 
 
 def apply_schedule(model, model_config, **sch_config):

@@ -80,7 +80,9 @@ class FlashAttention(nn.Module):
 
     def __init__(self, hidden_size: int, num_attention_heads: int, attn_pdrop: float = 0.0,
                  resid_pdrop: float = 0.0, attn_op_name: str = "auto", bias: bool = True,
-                 output_proj: bool = True, fused_qkv: bool = False):
+                 output_proj: bool = True, fused_qkv: bool = False, world_size: int = 1):
+        # world_size: an older upstream's, taken and unused: the forward reads this rank's
+        # heads from the tensors
         super().__init__()
         if hidden_size % num_attention_heads:
             raise ValueError(f"FlashAttention: hidden size {hidden_size} is not a multiple of "

@@ -130,7 +130,26 @@ def shard(sch, param_names: str | list[str], axis: int, *, parts: int = 1,
         raise ValueError(f"shard at '{where}': no parameter named (give a name such as "
                          "'weight', or a list of them)")
     for name in names:
-        _shard_param(sch, sch.mod, where, name, axis, parts, pad)
+        if sch.mod._buffers.get(name) is not None:
+            _shard_buffer(sch, where, name, axis)
+        else:
+            _shard_param(sch, sch.mod, where, name, axis, parts, pad)
+
+
+def _shard_buffer(sch, where: str, name: str, axis: int) -> None:
+    """This rank's slice of a buffer, such as a BatchNorm's running statistics over the
+    channels a rank holds (upstream's WideResNet schedule shards them so): sliced, with
+    nothing to gather or reduce, since a buffer has no gradient."""
+    buf = sch.mod._buffers[name]
+    where = f"{where}.{name}"
+    if not -buf.dim() <= axis < buf.dim():
+        raise ValueError(f"cannot shard '{where}' of shape {tuple(buf.shape)} along axis "
+                         f"{axis}: it has {buf.dim()} axes")
+    if buf.shape[axis] % sch.world_size:
+        raise ValueError(f"cannot shard '{where}' of shape {tuple(buf.shape)} along axis "
+                         f"{axis} over {sch.world_size} ranks: {buf.shape[axis]} is not "
+                         f"divisible by {sch.world_size}")
+    sch.mod._buffers[name] = buf.chunk(sch.world_size, dim=axis)[sch.rank].clone()
 
 
 def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int,

@@ -279,3 +279,24 @@ def test_an_upstream_id_hook_on_a_vocabulary_parallel_embedding_gives_local_ids(
         assert out_err <= TOL, f"output off by {out_err:.1e}"
         worst = max(grad_errs, key=grad_errs.get)
         assert grad_errs[worst] <= TOL, f"gradient of {worst} off by {grad_errs[worst]:.1e}"
+
+
+def _batchnorm_buffers():
+    """Upstream's WideResNet schedule shards a BatchNorm's running statistics with its
+    weight and bias (channels split over the ranks); it was an error ('no parameter')."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(4)
+    bn.running_mean += torch.arange(4.0)
+    sch = slapo.create_schedule(copy.deepcopy(bn))
+    sch.shard(["weight", "bias", "running_mean", "running_var"], axis=0)
+    rank = dist.get_rank()
+    x = torch.randn(2, 4, 3, 3)
+    mine = x[:, 2 * rank:2 * rank + 2]
+    model = slapo.build_module(sch).eval()
+    return (tuple(model.running_mean.shape),
+            relative_error(model(mine), bn.eval()(x)[:, 2 * rank:2 * rank + 2]))
+
+
+def test_a_batchnorms_running_statistics_shard_with_its_channels():
+    for shape, err in run_ranks(_batchnorm_buffers):
+        assert shape == (2,) and err <= TOL

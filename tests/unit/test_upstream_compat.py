@@ -323,3 +323,15 @@ def test_trace_for_pipeline_is_upstreams_name_for_trace_until():
     sch = slapo.create_schedule(Stack())
     assert sch.trace_for_pipeline("layers", example_inputs=(torch.randn(2, 4),))
     sch["layers.0"].cut_pipeline_stage()
+
+
+def test_upstream_seeding_keywords_and_check():
+    from slapo.op import FlashAttention
+    from slapo.random import get_cuda_rng_tracker, is_random_seed_set
+
+    get_cuda_rng_tracker().reset()
+    assert not is_random_seed_set()
+    assert slapo.set_random_seed(7, always_enable_tp_seed=True) == 7  # no tp_rank: rank 0's
+    assert is_random_seed_set()
+    get_cuda_rng_tracker().reset()
+    FlashAttention(64, 4, world_size=2)  # an older upstream's argument, taken
