@@ -335,3 +335,10 @@ def test_upstream_seeding_keywords_and_check():
     assert is_random_seed_set()
     get_cuda_rng_tracker().reset()
     FlashAttention(64, 4, world_size=2)  # an older upstream's argument, taken
+
+
+def test_upstreams_top_level_names():
+    # upstream's slapo/__init__.py exported these; its scripts call them so
+    assert slapo.get_logger("x").name.endswith("x")
+    space = slapo.Space()
+    assert isinstance(space, slapo.Space) and slapo.Symbol and slapo.Database
