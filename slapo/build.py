@@ -54,6 +54,7 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
 
     ``build_module(sch)`` is the short form for the module alone, keeping its weights.
     """
+    _check_reductions_have_shards(sch)
     if target == "pipeline":
         from .pipeline import build_pipeline
         pipe = build_pipeline(sch, device=device, **kwargs)
@@ -71,6 +72,21 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
         raise ValueError(f"unexpected options for target None: {', '.join(kwargs)}")
     model = _finish(sch.mod, init_weights, device, group=sch.group, broadcast=True)
     return get_dialect_cls("runtime_engine", target)(model, **kwargs)
+
+
+def _check_reductions_have_shards(sch) -> None:
+    """Refuse an all-reduce (or reduce-scatter) sync on several ranks where no parameter of
+    the model is sharded: every rank then holds the whole module, and the sync would sum
+    ``world_size`` copies of its result (silently wrong numbers)."""
+    if sch.world_size < 2 or any(shard_spec(p) is not None for p in sch.mod.parameters()):
+        return
+    for path, mod in sch.mod.named_modules():
+        for mode, op in state.reducing_syncs(mod):
+            raise ValueError(
+                f"sync at '{path or '<root>'}' ({mode} {op}) on {sch.world_size} ranks, but "
+                "nothing in the model is sharded: every rank holds the whole module, so the "
+                f"{op} would sum {sch.world_size} copies of its result; shard the parameters "
+                "it reduces for (shard) or drop the sync")
 
 
 def build_module(sch, init_weights: bool | Callable = False,

@@ -41,6 +41,10 @@ COMPILED = "_slapo_compiled"  # True: the forward is wrapped in torch.compile
 # Written by hooks.post_chain (sync "fwd_post", shard's deferred bias); read by the forward
 # hook that post_chain registers with it.
 POST_CHAIN = "_slapo_post_chain"  # output hooks run, in order, after the forward
+# Written by sync (a reducing collective: all_reduce, reduce_scatter); read by build, which
+# refuses such syncs on ranks where nothing is sharded (each would sum whole copies).
+REDUCING_SYNCS = "_slapo_reducing_syncs"  # [(mode, op), ...] registered on the module
+
 # Written by hooks.defer_bias (shard of a row-parallel Linear/Conv); read by the same hook.
 DEFERRED_BIAS = "_slapo_deferred_bias"  # True: the hook adds ``bias`` after the chain
 
@@ -134,6 +138,14 @@ def is_compiled(mod: Any) -> bool:
 
 def mark_compiled(mod: Any) -> None:
     mod.__dict__[COMPILED] = True
+
+
+def note_reducing_sync(mod: Any, mode: str, op: str) -> None:
+    mod.__dict__.setdefault(REDUCING_SYNCS, []).append((mode, op))
+
+
+def reducing_syncs(mod: Any) -> list:
+    return mod.__dict__.get(REDUCING_SYNCS, [])
 
 
 def post_chain_of(mod: Any) -> list | None:

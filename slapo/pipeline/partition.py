@@ -65,6 +65,12 @@ def split_stages(sch, tied: bool = False) -> list[fx.GraphModule]:
     stage_of = _assign_stages(graph, cut_nodes)
     _carry_non_tensors(graph, stage_of, len(cut_nodes) + 1, cuts=[n.target for n in cut_nodes])
     stages = _build_stage_modules(gm, graph, stage_of, len(cut_nodes) + 1)
+    for k, stage in enumerate(stages):
+        if not any(n.op.startswith("call_") for n in stage.graph.nodes):
+            where = f"after '{cut_nodes[k - 1].target}'" if k else "before the first"
+            raise ValueError(f"pipeline stage {k} (the cut {where}) would compute nothing: "
+                             "a cut after the model's last operation, or two cuts with "
+                             "nothing between them; move or drop the cut")
     shared = shared_parameters(stages)
     if shared and not tied:
         names = ", ".join(f"'{name}' (stage {k})" for k, name in shared[0])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+from .. import state
 from ..hooks import map_first_input, on_first_tensor, outside_graphs, post_chain
 from ..logger import get_logger
 from ..sharding.overlap import defer_weight_grad, overlap_input, supports_overlap
@@ -99,6 +100,8 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
         raise ValueError(f"sync at '{where}': overlap applies to a bwd_post all_reduce only")
     linears = [_overlappable(sch, path) for path in overlap]
     group = sch.group
+    if sync_op_or_fn in ("all_reduce", "reduce_scatter"):
+        state.note_reducing_sync(sch.mod, mode, sync_op_or_fn)  # build checks it has shards
 
     @outside_graphs
     def forward_op(x):

@@ -300,3 +300,24 @@ def _batchnorm_buffers():
 def test_a_batchnorms_running_statistics_shard_with_its_channels():
     for shape, err in run_ranks(_batchnorm_buffers):
         assert shape == (2,) and err <= TOL
+
+
+def _sync_without_shard():
+    model = MLP()
+    sch = slapo.create_schedule(model)
+    sch["fc2"].sync("fwd_post", "all_reduce")
+    try:
+        slapo.build_module(sch)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_an_all_reduce_where_nothing_is_sharded_is_refused_at_build():
+    """Every rank holds the whole model: the all-reduce would sum two copies of the output,
+    silently (a probe of bad input, 2026-12-05)."""
+    for message in run_ranks(_sync_without_shard):
+        assert message == ("sync at 'fc2' (fwd_post all_reduce) on 2 ranks, but nothing in the "
+                           "model is sharded: every rank holds the whole module, so the "
+                           "all_reduce would sum 2 copies of its result; shard the parameters "
+                           "it reduces for (shard) or drop the sync")

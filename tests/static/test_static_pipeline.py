@@ -138,3 +138,21 @@ def test_a_vocab_parallel_loss_leaves_the_traced_root_to_the_pipeline():
     assert isinstance(sch.mod, fx.GraphModule) and loss_fn is not None
     output = sch.mod(**inputs)
     torch.testing.assert_close(loss_fn(output, batch["labels"]), expected, rtol=1e-6, atol=0)
+
+
+def test_a_stage_that_computes_nothing_is_an_error():
+    # a cut after the model's last module made an empty last stage (a probe, 2026-12-05)
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    sch = slapo.create_schedule(Two())
+    sch.trace(example_inputs=(torch.randn(2, 4),))
+    sch["b"].cut_pipeline_stage()
+    with pytest.raises(ValueError, match=r"pipeline stage 1 \(the cut after 'b'\) would compute "
+                                         "nothing"):
+        split_stages(sch)

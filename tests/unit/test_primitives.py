@@ -163,3 +163,12 @@ def test_build_runs_init_weights_and_refuses_meta_parameters():
     built = slapo.build_module(sch, init_weights=init)
     assert built is model and torch.all(model.fc1.weight == 0.5)
     assert torch.all(model.fc2.bias == 0)
+
+
+def test_shard_names_its_module_for_an_axis_or_names_it_cannot_take():
+    sch = slapo.create_schedule(nn.Sequential(nn.Linear(4, 4)))
+    for axis in ("0", 1.0, None, True):  # an int's lookalikes failed deep in the shard
+        with pytest.raises(TypeError, match=r"shard at '0': axis must be an integer"):
+            sch["0"].shard("weight", axis=axis)
+    with pytest.raises(ValueError, match=r"shard at '0': no parameter named"):
+        sch["0"].shard([], axis=0)
