@@ -127,14 +127,35 @@ def with_torch_linear(model: nn.Module, config: dict) -> dict:
 
 
 def deepspeed_engine(model: nn.Module, config=None, optimizer=None,
-                     zero3_layer_leaves: bool = False, **kwargs) -> tuple:
+                     zero3_layer_leaves: bool = False, topology=None, loss_fn=None,
+                     **kwargs) -> tuple:
     """``deepspeed.initialize`` on ``model`` with ``config`` (a dict or a JSON path; required)
     and ``optimizer`` (a ``torch.optim.Optimizer``, or None to let the config name one);
     other keyword arguments go to ``deepspeed.initialize``. Returns ``(engine, optimizer)``:
     the engine is called and stepped as DeepSpeed's (``engine(**batch)``,
     ``engine.backward(loss)``, ``engine.step()``). Under ZeRO-3 the schedule's compiled
     regions become leaf modules, and with ``zero3_layer_leaves`` the transformer layers too
-    (:func:`with_zero3_leaves`), and they run torch's own linear (:func:`with_torch_linear`)."""
+    (:func:`with_zero3_leaves`), and they run torch's own linear (:func:`with_torch_linear`).
+
+    ``topology`` (upstream's): DeepSpeed's ``ProcessTopology`` of the ranks (its
+    ``PipeModelDataParallelTopology(num_pp=1, num_mp=, num_dp=)``), given to DeepSpeed as
+    its ``mpu`` (a ``PipelineParallelGrid``), so that ZeRO partitions over the data-parallel
+    ranks only. One with pipeline stages is refused: those are ``target="pipeline"``'s, as
+    is a ``loss_fn`` (here the engine returns the model's output)."""
+    if topology is not None:
+        if topology.get_dim("pipe") > 1:
+            raise ValueError(f"build(target='deepspeed'): the topology has "
+                             f"{topology.get_dim('pipe')} pipeline stages; pipelines are "
+                             "build(target='pipeline')'s (torch.distributed.pipelining)")
+        import deepspeed
+        from deepspeed.runtime.pipe.topology import PipelineParallelGrid
+
+        deepspeed.init_distributed()  # the grid makes its groups through deepspeed.comm
+        kwargs["mpu"] = PipelineParallelGrid(topology=topology)
+    if loss_fn is not None:
+        raise ValueError("build(target='deepspeed'): loss_fn is for pipeline stages "
+                         "(target='pipeline'); the engine returns the model's output, whose "
+                         "loss the training loop computes")
     if config is None:
         raise ValueError("build(target='deepspeed') needs config=, DeepSpeed's configuration "
                          "(a dict or the path of a JSON file)")

@@ -4,6 +4,7 @@ sharded model starts as the unsharded one (padding row, ties and shard specs inc
 meta models too; ``target="deepspeed"`` gives DeepSpeed's engine, which trains."""
 
 import copy
+import math
 import os
 import warnings
 
@@ -412,3 +413,32 @@ def test_uncompiled_layers_as_zero3_leaves_train_as_without(model_name):
         assert hooked[rank][1] == [] and leaves[rank][1] == blocks
         assert leaves[rank][0] == pytest.approx(hooked[rank][0], rel=1e-6)
         assert leaves[rank][0][0] != leaves[rank][0][2]
+
+
+def _zero3_with_upstreams_topology():
+    """Upstream's DeepSpeed scripts: build(sch, topology=PipeModelDataParallelTopology(...),
+    target="deepspeed", config=..., loss_fn=None); it was a TypeError from deepspeed."""
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    _start_zero3_rank()
+    sch = slapo.create_schedule(nn.Sequential(Embed(), Block()))
+    topology = PipeModelDataParallelTopology(num_pp=1, num_mp=1, num_dp=dist.get_world_size())
+    engine, _ = slapo.build(sch, target="deepspeed", init_weights=False, config=ZERO3,
+                            optimizer=torch.optim.SGD(sch.mod.parameters(), lr=0.1),
+                            topology=topology, loss_fn=None)
+    ids = torch.randint(0, 10, (2, 3), generator=torch.Generator().manual_seed(0))
+    losses, _ = _zero3_steps(engine, [ids] * 2, lambda e, x: e(x).pow(2).mean())
+    try:
+        slapo.build(slapo.create_schedule(nn.Sequential(Block())), target="deepspeed",
+                    config=ZERO3, topology=PipeModelDataParallelTopology(
+                        num_pp=2, num_mp=1, num_dp=1))
+    except ValueError as err:
+        refused = str(err)
+    return losses, engine.mpu is not None, refused
+
+
+@pytest.mark.slow
+def test_zero3_takes_upstreams_deepspeed_topology_as_its_mpu():
+    for losses, has_mpu, refused in run_ranks(_zero3_with_upstreams_topology):
+        assert len(losses) == 2 and all(math.isfinite(x) for x in losses) and has_mpu
+        assert "the topology has 2 pipeline stages" in refused
