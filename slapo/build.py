@@ -55,6 +55,7 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
     ``build_module(sch)`` is the short form for the module alone, keeping its weights.
     """
     _check_reductions_have_shards(sch)
+    _warn_of_tied_column_parallel(sch)
     if target == "pipeline":
         from .pipeline import build_pipeline
         pipe = build_pipeline(sch, device=device, **kwargs)
@@ -81,12 +82,29 @@ def _check_reductions_have_shards(sch) -> None:
     if sch.world_size < 2 or any(shard_spec(p) is not None for p in sch.mod.parameters()):
         return
     for path, mod in sch.mod.named_modules():
-        for mode, op in state.reducing_syncs(mod):
+        for mode, op in state.syncs(mod):
+            if op not in ("all_reduce", "reduce_scatter"):
+                continue
             raise ValueError(
                 f"sync at '{path or '<root>'}' ({mode} {op}) on {sch.world_size} ranks, but "
                 "nothing in the model is sharded: every rank holds the whole module, so the "
                 f"{op} would sum {sch.world_size} copies of its result; shard the parameters "
                 "it reduces for (shard) or drop the sync")
+
+
+def _warn_of_tied_column_parallel(sch) -> None:
+    """Warn of a Linear that a shard made column parallel through a tied weight (an LM head
+    sharing a vocabulary-sharded embedding) without a sync on its input's gradient: that
+    gradient is then this rank's partial sum, and every gradient below it is wrong, while
+    the loss looks right."""
+    for path, mod in sch.mod.named_modules():
+        source = state.tied_column_parallel(mod)
+        if source and not any(mode in ("bwd_post", "fwd_pre") for mode, _ in state.syncs(mod)):
+            warnings.warn(
+                f"'{path}' shares its weight with '{source}', sharded along axis 0: it is "
+                "column parallel now, and the gradient of its input is this rank's partial "
+                f"sum; unless its input arrives sharded, add sch['{path}'].sync('bwd_post', "
+                "'all_reduce')", stacklevel=3)
 
 
 def build_module(sch, init_weights: bool | Callable = False,

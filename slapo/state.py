@@ -41,9 +41,13 @@ COMPILED = "_slapo_compiled"  # True: the forward is wrapped in torch.compile
 # Written by hooks.post_chain (sync "fwd_post", shard's deferred bias); read by the forward
 # hook that post_chain registers with it.
 POST_CHAIN = "_slapo_post_chain"  # output hooks run, in order, after the forward
-# Written by sync (a reducing collective: all_reduce, reduce_scatter); read by build, which
-# refuses such syncs on ranks where nothing is sharded (each would sum whole copies).
-REDUCING_SYNCS = "_slapo_reducing_syncs"  # [(mode, op), ...] registered on the module
+# Written by sync; read by build, which refuses a reducing sync (all_reduce,
+# reduce_scatter) on ranks where nothing is sharded (each would sum whole copies), and warns
+# of a Linear made column parallel through a tie with no sync on its input's gradient.
+SYNCS = "_slapo_syncs"  # [(mode, op or "callable"), ...] registered on the module
+# Written by shard, on a Linear whose weight another module's shard sharded along axis 0
+# (a tie: an LM head sharing the word embedding); read by build (above).
+TIED_COLUMN_PARALLEL = "_slapo_tied_column_parallel"  # the path of the shard that did it
 
 # Written by hooks.defer_bias (shard of a row-parallel Linear/Conv); read by the same hook.
 DEFERRED_BIAS = "_slapo_deferred_bias"  # True: the hook adds ``bias`` after the chain
@@ -140,12 +144,20 @@ def mark_compiled(mod: Any) -> None:
     mod.__dict__[COMPILED] = True
 
 
-def note_reducing_sync(mod: Any, mode: str, op: str) -> None:
-    mod.__dict__.setdefault(REDUCING_SYNCS, []).append((mode, op))
+def note_sync(mod: Any, mode: str, op: str) -> None:
+    mod.__dict__.setdefault(SYNCS, []).append((mode, op))
 
 
-def reducing_syncs(mod: Any) -> list:
-    return mod.__dict__.get(REDUCING_SYNCS, [])
+def syncs(mod: Any) -> list:
+    return mod.__dict__.get(SYNCS, [])
+
+
+def mark_tied_column_parallel(mod: Any, shard_path: str) -> None:
+    mod.__dict__[TIED_COLUMN_PARALLEL] = shard_path
+
+
+def tied_column_parallel(mod: Any) -> str | None:
+    return mod.__dict__.get(TIED_COLUMN_PARALLEL)
 
 
 def post_chain_of(mod: Any) -> list | None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import state
 from .sdpa import attention
 
 # upstream's names: xFormers ops ("auto" lets it choose), flash-attention kernels, references
@@ -35,6 +36,7 @@ ATTN_OP_NAMES = ("auto", "cutlass", "flash", "triton", "small_k", "cuda", "nativ
                  "native_flash_attn")
 
 
+@state.leaf_class  # a kernel: traces keep it one call, as upstream's schedules ask
 class FlashAttentionOp(nn.Module):
     """The attention core: ``op(query, key, value, attention_mask, p)`` on ``[B, S, H, D]``
     tensors, returning ``[B, S, H, D]`` in the query's dtype. ``attention_mask``: boolean (True

@@ -193,6 +193,9 @@ def _shard_param(sch, module: nn.Module, where: str, name: str, axis: int,
     # Swap every reference to the old parameter, so that tied parameters stay tied.
     for holder, pname in sch._replace_param_everywhere(param, new):
         _adjust_module(holder, pname, spec, sch, where)
+        if holder is not module and isinstance(holder, nn.Linear) and pname == "weight" \
+                and spec.axis == 0:
+            state.mark_tied_column_parallel(holder, where)  # build checks its syncs
 
 
 def _hf_conv1d() -> type | None:

@@ -84,6 +84,7 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
             logger.info("sync at '%s': a fwd_pre function on a vocabulary-parallel embedding; "
                         "the ids it gives are taken as this rank's (upstream's schedules make "
                         "them local there), not masked again", where)
+        state.note_sync(sch.mod, mode, "callable")
         if _is_hook(sync_op_or_fn, mode, where):
             _register_hook(sch.mod, mode, outside_graphs(sync_op_or_fn))
             return
@@ -100,8 +101,7 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
         raise ValueError(f"sync at '{where}': overlap applies to a bwd_post all_reduce only")
     linears = [_overlappable(sch, path) for path in overlap]
     group = sch.group
-    if sync_op_or_fn in ("all_reduce", "reduce_scatter"):
-        state.note_reducing_sync(sch.mod, mode, sync_op_or_fn)  # build checks it has shards
+    state.note_sync(sch.mod, mode, sync_op_or_fn)  # for build's checks
 
     @outside_graphs
     def forward_op(x):

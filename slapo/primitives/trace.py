@@ -203,7 +203,13 @@ def trace_until(sch, paths: str | list[str], **kwargs) -> bool:
         if not node.child:
             raise ValueError(f"trace_until: '{path}' ({type(node.mod).__name__}) has no "
                              "submodules to stop at")
-        leaves += [f"{path}.{name}" for name in node.child]
+        for name, child in node.child.items():
+            # a container is never called: its items are the calls to keep (upstream took
+            # everything under a leaf path as a leaf)
+            if isinstance(child.mod, (nn.ModuleList, nn.ModuleDict)):
+                leaves += [f"{path}.{name}.{item}" for item in child.child]
+            else:
+                leaves.append(f"{path}.{name}")
     return trace(sch, leaves=leaves, **kwargs)
 
 

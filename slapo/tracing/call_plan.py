@@ -100,8 +100,11 @@ def plan_for_root(mod: nn.Module, example_inputs, concrete_args) -> CallPlan:
     params = sig.parameters
     concrete = dict(concrete_args or {})
     var_kw = next((p.name for p in params.values() if p.kind == p.VAR_KEYWORD), None)
-    for name in concrete:
+    for name in list(concrete):
         if name not in params and var_kw is None:
+            if concrete[name] is None:  # fixing an absent optional argument to None: nothing
+                del concrete[name]      # to fix (upstream's schedules list such arguments)
+                continue
             raise TypeError(f"concrete_args names '{name}', which {type(mod).__name__}.forward "
                             f"does not take; its arguments: {', '.join(params)}")
     inputs: dict[str, Any] = {}

@@ -342,3 +342,41 @@ def test_upstreams_top_level_names():
     assert slapo.get_logger("x").name.endswith("x")
     space = slapo.Space()
     assert isinstance(space, slapo.Space) and slapo.Symbol and slapo.Database
+
+
+def test_trace_until_a_module_whose_child_is_a_list_keeps_the_lists_items():
+    # upstream's trace_for_pipeline("transformer"): the layers are in transformer.h, a list
+    # never called itself; they were traced through (and a kernel inside failed)
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.relu(self.fc(x))
+
+    class Body(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = nn.ModuleList(Layer() for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.h:
+                x = layer(x)
+            return x
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.transformer = Body()
+
+        def forward(self, x, encoder_hidden_states_unused=None):
+            return self.transformer(x)
+
+    sch = slapo.create_schedule(Model())
+    # a None for an argument the forward does not take fixes nothing: taken, as torch.fx did
+    sch.trace_for_pipeline("transformer", example_inputs=(torch.randn(2, 4),),
+                           concrete_args={"head_mask": None})
+    assert not isinstance(sch["transformer.h.1"].mod, torch.fx.GraphModule)  # kept a call
+    assert isinstance(sch["transformer"].mod, torch.fx.GraphModule)
+    sch["transformer.h.1"].cut_pipeline_stage()
