@@ -122,8 +122,12 @@ def spec_from_args(args):
         raise UsageError(f"--cores must be at least 1, got {cores}")
     from slapo_ae.harness.threads import available_cores
 
-    if cores > available_cores():
-        raise UsageError(f"--cores {cores}: this machine has {available_cores()} cores to give")
+    # on CPU a rank stands for a GPU and holds a core by default, more ranks than cores
+    # included (cpu_rank_limit bounds those); more cores than both the machine and the ranks
+    # have would only multiply every rank's threads
+    if cores > max(available_cores(), case.gpus_per_node):
+        raise UsageError(f"--cores {cores}: this machine has {available_cores()} cores to give, "
+                         f"and the case {case.gpus_per_node} ranks on this node")
     if args.profile_after < 0:
         raise UsageError(f"--profile-after must be at least 0, got {args.profile_after}")
     if args.profile_after and not args.profile:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import torch
+
 import slapo
 from slapo.model_schedule import schedule_model
 from slapo.sharding import gather_sharded
@@ -18,19 +20,25 @@ STEPS = 3
 SEQ, DEC_SEQ, PAD = 40, 24, 7  # 40 > GPT-Neo tiny's local window of 16
 LR = 0.1
 
-# WideResNet trains on batches of 8 images of 64x64 with SGD lr 0.01: with 2 images of 32x32
-# its last stage normalises 1x1 feature maps over 2 samples, and BatchNorm then amplifies the
-# fp32 rounding of re-associated sums (partial convolutions summed across ranks) 10^3-fold
-# within 3 steps at lr 0.1. The schedule is exact: in float64 the errors are ~1e-13.
-WIDERESNET = {"overrides": {"image_size": 64}, "batch_size": 8, "lr": 0.01}
+# WideResNet trains in float64 on batches of 8 images of 64x64 with SGD lr 0.01. BatchNorm
+# amplifies the rounding of re-associated sums (partial convolutions summed across ranks): in
+# float32 the bn1.bias gradient was off by 5.75e-3 at step 3 on an Intel Xeon (oneDNN's
+# kernels there) and within 1e-5 on AMD EPYC, a property of the CPU, not of the schedule,
+# which is exact (float64 errors ~1e-13 on both).
+WIDERESNET = {"overrides": {"image_size": 64}, "batch_size": 8, "lr": 0.01,
+              "dtype": torch.float64}
 
 
-def padded_batches(config, steps: int = STEPS, batch_size: int = 2) -> list[dict]:
+def padded_batches(config, steps: int = STEPS, batch_size: int = 2,
+                   dtype: torch.dtype | None = None) -> list[dict]:
     """Synthetic batches for a model config whose last sequence ends in ``PAD`` padding tokens
-    (mask 0; label -100 where the label is a copy of the input), so padding masks matter."""
+    (mask 0; label -100 where the label is a copy of the input), so padding masks matter;
+    floating-point inputs (images) in ``dtype`` where given."""
     batches = []
     for step in range(steps):
         batch = synthetic_batch(config, batch_size, SEQ, DEC_SEQ, seed=100 + step)
+        if dtype is not None:
+            batch = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
         if "attention_mask" in batch:
             batch["attention_mask"][-1, -PAD:] = 0
             if config.model_type != "t5":
@@ -55,10 +63,13 @@ def side_by_side(name: str, steps: int = STEPS, dropout_off: bool = True, **opti
     overrides = no_dropout(name) if dropout_off else {}
     wrn = model_family(name) == "wideresnet"
     plain = build_model(name, **overrides, **(WIDERESNET["overrides"] if wrn else {}))
+    if wrn:
+        plain = plain.to(WIDERESNET["dtype"])
     sch = slapo.create_schedule(copy.deepcopy(plain))
     schedule_model(sch, **options)
     scheduled = slapo.build_module(sch)
-    batches = padded_batches(plain.config, steps, WIDERESNET["batch_size"] if wrn else 2)
+    batches = padded_batches(plain.config, steps, WIDERESNET["batch_size"] if wrn else 2,
+                             dtype=WIDERESNET["dtype"] if wrn else None)
     reports = train_side_by_side(plain, scheduled, batches, loss_and_logits,
                                  lr=WIDERESNET["lr"] if wrn else LR)
     return reports, plain, scheduled

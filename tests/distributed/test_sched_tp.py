@@ -1,10 +1,11 @@
 """Every family's TP=2 schedule equals the plain HF model (or the zoo's WideResNet).
 
-Set-up: the tiny config of each family, fp32, dropout off (``no_dropout``), 2 CPU ranks over
-gloo, 3 SGD steps (``slapo.verify.train_side_by_side``) on batches with right padding (and
-sequences longer than GPT-Neo's local window). Compared after every step: the loss, the
-logits (vocabulary-sharded logits gathered) and every parameter's gradient (sharded ones
-gathered to full shape), by relative error ``||a - b|| / max(||b||, 1e-3)`` <= 1e-5.
+Set-up: the tiny config of each family, fp32 (WideResNet float64: see sched_helpers), dropout
+off (``no_dropout``), 2 CPU ranks over gloo, 3 SGD steps (``slapo.verify.train_side_by_side``)
+on batches with right padding (and sequences longer than GPT-Neo's local window). Compared
+after every step: the loss, the logits (vocabulary-sharded logits gathered) and every
+parameter's gradient (sharded ones gathered to full shape), by relative error
+``||a - b|| / max(||b||, 1e-3)`` <= 1e-5.
 
 Two schedules per family, both against the plain eager model:
 - ``full``: tensor parallelism with the embedding sharded (vocabulary-parallel cross entropy
@@ -62,7 +63,8 @@ def _facts(family, plain, scheduled):
                                               relative_error(full, plain_buf))
     # the backward all-reduces that overlap column-parallel weight gradients (sync's overlap;
     # last: this forward changes BatchNorm statistics)
-    loss, _ = loss_and_logits(scheduled, padded_batches(plain.config, steps=1)[0])
+    batch = padded_batches(plain.config, steps=1, dtype=next(scheduled.parameters()).dtype)[0]
+    loss, _ = loss_and_logits(scheduled, batch)
     facts["overlaps"] = backward_node_names(loss).count("_OverlapBackward")
     return facts
 

@@ -124,6 +124,23 @@ def test_run_usage_errors(tmp_path, capsys, args, message):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_cpu_ranks_hold_a_core_each_on_a_smaller_machine(tmp_path, monkeypatch):
+    """A CPU rank stands for a GPU: 2 ranks on a 1-core machine hold 2 cores (the default, as
+    the workflow passes it), oversubscribed; more cores than both is refused."""
+    from slapo_ae.harness import threads
+
+    monkeypatch.setattr(threads, "available_cores", lambda: 1)
+    argv = ["run", "--mode", "eager", "--model", "bert-tiny", "--gpus", "2", "--seq-len", "16",
+            "--batch-size", "4", "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "r")]
+    for cores in (None, "2"):
+        extra = [] if cores is None else ["--cores", cores]
+        spec = cli.spec_from_args(cli.build_parser().parse_args(argv + extra))
+        assert spec.cores == 2
+    with pytest.raises(cli.UsageError, match="--cores 3: this machine has 1 cores to give, "
+                                             "and the case 2 ranks"):
+        cli.spec_from_args(cli.build_parser().parse_args(argv + ["--cores", "3"]))
+
+
 def test_a_batch_data_parallel_ranks_cannot_split_is_refused_before_launch(tmp_path, capsys):
     argv = ["run", "--mode", "eager", "--model", "bert-tiny", "--gpus", "2", "--seq-len", "16",
             "--batch-size", "3", "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "r")]
