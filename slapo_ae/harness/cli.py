@@ -122,12 +122,14 @@ def spec_from_args(args):
         raise UsageError(f"--cores must be at least 1, got {cores}")
     from slapo_ae.harness.threads import available_cores
 
-    # on CPU a rank stands for a GPU and holds a core by default, more ranks than cores
-    # included (cpu_rank_limit bounds those); more cores than both the machine and the ranks
-    # have would only multiply every rank's threads
-    if cores > max(available_cores(), case.gpus_per_node):
-        raise UsageError(f"--cores {cores}: this machine has {available_cores()} cores to give, "
-                         f"and the case {case.gpus_per_node} ranks on this node")
+    # A CPU rank stands for a GPU and holds a core by default, more ranks than cores included
+    # (cpu_rank_limit bounds those); a rank given more threads than the machine has cores
+    # would only time-share them.
+    threads_per_rank = max(1, cores // case.gpus_per_node)
+    if threads_per_rank > available_cores():
+        raise UsageError(f"--cores {cores}: {threads_per_rank} threads for each of the "
+                         f"{case.gpus_per_node} ranks, more than this machine's "
+                         f"{available_cores()} cores")
     if args.profile_after < 0:
         raise UsageError(f"--profile-after must be at least 0, got {args.profile_after}")
     if args.profile_after and not args.profile:

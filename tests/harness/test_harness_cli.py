@@ -105,7 +105,8 @@ def test_run_unknown_model_is_a_clear_usage_error(tmp_path, capsys):
     (["--mode", "eager", "--override", "_slapo=1"], "override _slapo of bert-tiny: the "
      "model's identity"),
     (["--mode", "eager", "--override", 'model_type="gpt2"'], "override model_type of bert-tiny"),
-    (["--mode", "eager", "--cores", "1000000"], "--cores 1000000: this machine has"),
+    (["--mode", "eager", "--cores", "1000000"],
+     "--cores 1000000: 500000 threads for each of the 2 ranks, more than this machine"),
     (["--mode", "eager", "--out", ""], "--out must name the record's file"),
     (["--mode", "eager", "--gpus", "2", "--nodes", "2", "--rdzv-endpoint", "host:99999"],
      "--rdzv-endpoint 'host:99999': expected HOST:PORT"),
@@ -124,21 +125,23 @@ def test_run_usage_errors(tmp_path, capsys, args, message):
     assert not (tmp_path / "r.json").exists()
 
 
-def test_cpu_ranks_hold_a_core_each_on_a_smaller_machine(tmp_path, monkeypatch):
+def test_cpu_ranks_may_hold_more_cores_than_the_machine_has(tmp_path, monkeypatch):
     """A CPU rank stands for a GPU: 2 ranks on a 1-core machine hold 2 cores (the default, as
-    the workflow passes it), oversubscribed; more cores than both is refused."""
+    the workflow passes it), oversubscribed, and on 2 cores 4 (2 threads each); a rank given
+    more threads than the machine has cores is refused."""
     from slapo_ae.harness import threads
 
-    monkeypatch.setattr(threads, "available_cores", lambda: 1)
     argv = ["run", "--mode", "eager", "--model", "bert-tiny", "--gpus", "2", "--seq-len", "16",
             "--batch-size", "4", "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "r")]
-    for cores in (None, "2"):
+    for machine, cores, given in ((1, None, 2), (1, "3", 3), (2, "4", 4), (2, "5", 5)):
+        monkeypatch.setattr(threads, "available_cores", lambda n=machine: n)
         extra = [] if cores is None else ["--cores", cores]
         spec = cli.spec_from_args(cli.build_parser().parse_args(argv + extra))
-        assert spec.cores == 2
-    with pytest.raises(cli.UsageError, match="--cores 3: this machine has 1 cores to give, "
-                                             "and the case 2 ranks"):
-        cli.spec_from_args(cli.build_parser().parse_args(argv + ["--cores", "3"]))
+        assert spec.cores == given, (machine, cores)
+    monkeypatch.setattr(threads, "available_cores", lambda: 1)
+    with pytest.raises(cli.UsageError, match="--cores 4: 2 threads for each of the 2 ranks, "
+                                             "more than this machine's 1 cores"):
+        cli.spec_from_args(cli.build_parser().parse_args(argv + ["--cores", "4"]))
 
 
 def test_a_batch_data_parallel_ranks_cannot_split_is_refused_before_launch(tmp_path, capsys):
