@@ -15,14 +15,13 @@ import subprocess
 from pathlib import Path
 
 from slapo_ae.case import PIPELINE_MODES, Case, parse_ckpt
-from slapo_ae.harness.gpu_slots import GpuSlots
 from slapo_ae.harness.runner import (
     DEFAULT_HARNESS,
     SLOTS_DIR_ENV,
     SLOTS_TOTAL_ENV,
-    cpu_lock_dir,
     harness_command,
     harness_env,
+    hold_device,
 )
 from slapo_ae.harness.runspec import default_timeout
 from slapo_ae.record import Record, read_record
@@ -73,16 +72,9 @@ def run_again(fields: dict, out_dir: Path, steps: int, warmup: int, device: str,
     cmd = harness_command(harness, case, timeout or default_timeout(device, steps),
                           str(record_path), str(log))
     env = harness_env()
-    slot = None
-    slots_dir, slots_total = os.environ.get(SLOTS_DIR_ENV), os.environ.get(SLOTS_TOTAL_ENV)
-    if device != "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        slot = GpuSlots(cpu_lock_dir(), 1).acquire(1)
-    elif slots_dir and slots_total and case.gpus <= int(slots_total):
-        # more than the machine has: the harness records it unsupported, as the runner does
-        slot = GpuSlots(slots_dir, int(slots_total),
-                        os.environ.get("CUDA_VISIBLE_DEVICES")).acquire(case.gpus)
-        env["CUDA_VISIBLE_DEVICES"] = slot.visible_devices
+    total = os.environ.get(SLOTS_TOTAL_ENV)
+    # a case needing more GPUs than the slots holds none: the harness records it unsupported
+    slot = hold_device(case, env, os.environ.get(SLOTS_DIR_ENV), int(total) if total else None)
     try:  # the harness inherits the slot's lock: it is held while any of its ranks runs
         subprocess.run(cmd + [*extra, "--quiet"], stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, env=env,

@@ -238,30 +238,41 @@ def harness_env() -> dict:
     return env
 
 
+def hold_device(case, env: dict, slots_dir: str | None, slots_total: int | None):
+    """Hold what ``case`` runs on and show its ranks only that, in ``env``: on CPU the machine's
+    one CPU slot (CPU cases never measure beside each other) and no GPU; on CUDA its GPUs of
+    the workflow's slots, where it set them and the case fits (one that needs more is the
+    caller's to record unsupported). Returns the allocation (release it; its lock fds pass to
+    the harness), or None where nothing is held."""
+    if case.device != "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        return GpuSlots(cpu_lock_dir(), 1).acquire(1)
+    if not slots_dir or slots_total is None or case.gpus > slots_total:
+        return None
+    alloc = GpuSlots(slots_dir, slots_total,
+                     os.environ.get("CUDA_VISIBLE_DEVICES")).acquire(case.gpus)
+    env["CUDA_VISIBLE_DEVICES"] = alloc.visible_devices
+    return alloc
+
+
 def _run(case, timeout, out, log, harness, slots_dir, slots_total, grace, cores, nodes_via,
          note) -> int:
     started = now()
     env = harness_env()
     note(f"case {case.id}: {case.to_json()}")
-    alloc = None
-    if case.device == "cuda" and slots_total is not None and slots_dir:
-        slots = GpuSlots(slots_dir, slots_total, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if case.gpus > slots_total:
-            reason = f"needs {case.gpus} GPUs, this machine offers {slots_total}"
-            note(f"unsupported: {reason}")
-            write_own_record(case, out, log, "unsupported", reason, started=started)
-            return 0
-        t0 = time.monotonic()
-        alloc = slots.acquire(case.gpus)
-        note(f"GPU slots {alloc.slots} of {slots_total} in {slots_dir} "
-             f"(waited {time.monotonic() - t0:.1f} s)")
-        env["CUDA_VISIBLE_DEVICES"] = alloc.visible_devices
-    elif case.device != "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        t0 = time.monotonic()
-        alloc = GpuSlots(cpu_lock_dir(), 1).acquire(1)
-        note(f"the CPU slot in {cpu_lock_dir()} (waited {time.monotonic() - t0:.1f} s for "
-             "other CPU cases to end)")
+    if case.device == "cuda" and slots_total is not None and slots_dir \
+            and case.gpus > slots_total:
+        reason = f"needs {case.gpus} GPUs, this machine offers {slots_total}"
+        note(f"unsupported: {reason}")
+        write_own_record(case, out, log, "unsupported", reason, started=started)
+        return 0
+    t0 = time.monotonic()
+    alloc = hold_device(case, env, slots_dir, slots_total)
+    waited = f"waited {time.monotonic() - t0:.1f} s"
+    if case.device != "cuda":
+        note(f"the CPU slot in {cpu_lock_dir()} ({waited} for other CPU cases to end)")
+    elif alloc is not None:
+        note(f"GPU slots {alloc.slots} of {slots_total} in {slots_dir} ({waited})")
     visible = env.get("CUDA_VISIBLE_DEVICES")
     procs = agents(case, harness, timeout, out, log, cores, env, nodes_via)
     cmd = procs[0][0]
