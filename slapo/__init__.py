@@ -12,6 +12,7 @@
 from . import framework_dialect, pipeline
 from .autotune import Database, Space, Symbol
 from .build import build, build_module, init_empty_weights
+from .env import cleanup, execute, setup
 from .logger import get_logger
 from .pattern import ModulePattern, Pattern, call_module
 from .primitives import get_primitive, list_primitives, register_primitive
@@ -27,7 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = ["Database", "ModulePattern", "Pattern", "Schedule", "ShardSpec", "Space", "Symbol",
            "Topology", "Verify", "build", "build_module", "call_module", "checkpoint",
-           "create_schedule", "get_annotations", "get_cuda_rng_tracker", "get_logger",
-           "get_primitive", "init_empty_weights", "list_primitives",
-           "register_primitive", "set_random_seed", "shard_spec",
+           "cleanup", "create_schedule", "execute", "get_annotations", "get_cuda_rng_tracker",
+           "get_logger", "get_primitive", "init_empty_weights", "list_primitives",
+           "register_primitive", "set_random_seed", "setup", "shard_spec",
            "framework_dialect", "pipeline"]  # subpackages upstream code reads as attributes

@@ -20,6 +20,7 @@ from torch import nn
 
 from . import state
 from .primitives import get_primitive
+from .primitives.base import metadata_makers
 from .primitives.shard import shard_spec
 from .sharding import world_size
 from .tracing import is_flattened
@@ -37,12 +38,16 @@ class ScheduleMetadata:
         primitives: by primitive name, as upstream: ``"shard"``, this module's own sharded
             parameters to their axis; ``"cut_pipeline_stage"``, the paths of the modules
             whose children end a pipeline stage (upstream's cutting levels), this node's and
-            those below it, to True, in cut order.
+            those below it, to True, in cut order. A primitive registered in upstream's class
+            form (``slapo.primitives.base.Primitive``) with an ``init_metadata()`` has its
+            entry here too: made at this node's first read, kept by the node, and the
+            primitive's own to write.
 
         param_tags: the annotation keys (``annotate``) on the parameters of this module and
             those below it.
 
-    A snapshot, read-only: the primitives change the state, not this view.
+    A snapshot, read-only (but for those entries): the primitives change the state, not
+    this view.
     """
     tie_weights: Mapping[nn.Parameter, nn.Parameter]
     primitives: Mapping[str, Mapping[str, Any]]
@@ -71,6 +76,7 @@ class Schedule:
         self.path = f"{parent.path}.{name}" if parent is not None and parent.path else name
         self.child: dict[str, Schedule] = {}
         self._param_owners = None
+        self._primitive_metadata: dict = {}  # entries of primitives registered as classes
         self._rebuild_children()
 
     def _rebuild_children(self) -> None:
@@ -116,6 +122,10 @@ class Schedule:
             node = node.parent
         return node
 
+    def get_top_schedule(self) -> Schedule:
+        """The root node (upstream Slapo's name for ``root``)."""
+        return self.root
+
     @property
     def world_size(self) -> int:
         return world_size(self.group)
@@ -143,6 +153,11 @@ class Schedule:
                 levels[level] = True
         primitives = {"shard": types.MappingProxyType(shard),
                       "cut_pipeline_stage": types.MappingProxyType(levels)}
+        for name, make in metadata_makers().items():  # upstream's class form: theirs to write
+            if name not in self._primitive_metadata:
+                self._primitive_metadata[name] = make()
+            if self._primitive_metadata[name] is not None:
+                primitives[name] = self._primitive_metadata[name]
         tags = frozenset(key for param in self.mod.parameters()
                          for key in getattr(param, "slapo_annotations", {}))
         return ScheduleMetadata(types.MappingProxyType(tied),

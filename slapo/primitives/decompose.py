@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import state
-from ..tracing import KIND, has_foreign_hooks
+from ..hooks import move_hooks
+from ..tracing import KIND, has_foreign_hooks, is_inert_hook
 from . import register_primitive
 
 
@@ -103,8 +104,11 @@ def decompose(sch) -> None:
     together with what follows (bias + GeLU) and ``fuse`` it. Parameter names and objects do
     not change. The result is still schedulable: ``shard("weight", axis=0)`` shards the bias
     with it, and ``shard("weight", axis=1)`` with ``sync("fwd_post", "all_reduce")`` reduces
-    the partial matmul before the graph adds the bias once. Decompose before ``shard``/``sync``
-    on this module.
+    the partial matmul before the graph adds the bias once. A column-parallel Linear
+    (``shard`` of its weight and bias on axis 0, with its ``sync``s) may also be decomposed after
+    sharding, as upstream's schedules do (shard, then fuse bias+GeLU): its hooks move to the
+    decomposed module. A row-parallel one adds its bias after its sync, so decompose it before
+    ``shard``, as a module that ``checkpoint`` or ``fork_rng`` changed.
 
     With no traced ancestor yet (upstream Slapo's order: decompose, then trace), the module
     becomes ``slapo.op.LinearWithSeparateBias`` (same parameters), whose forward adds the bias
@@ -129,26 +133,40 @@ def decompose(sch) -> None:
                         f"{type(mod).__name__}")
     if mod.bias is None:
         raise ValueError(f"'{where}' (Linear) has no bias; there is nothing to decompose")
-    if has_foreign_hooks(mod):
-        raise ValueError(f"'{where}' already has hooks or a replaced forward (shard, sync, "
-                         "checkpoint); decompose it before those primitives")
+    if "forward" in mod.__dict__:
+        raise ValueError(f"'{where}' has a forward replaced by an earlier primitive (a "
+                         "row-parallel shard, which adds the bias after its sync; checkpoint; "
+                         "fork_rng): decompose it before those primitives")
+    if any(not is_inert_hook(hook) for hook in mod._forward_hooks.values()):
+        raise ValueError(f"'{where}' has forward hooks (a fwd_post sync), which would run "
+                         "before the bias that decompose moves out of the module: decompose it "
+                         "before sync")
     owner = traced_owner(sch)
     if owner is None:
         if _inside_traced_graph(sch):
             raise ValueError(f"'{where}' is not called from a traced graph: "
                              f"{not_called_reason(sch)}")
         # Not traced yet (upstream's order: decompose, then trace): a Linear that adds its
-        # bias as a second op, which a later trace(flatten=True) records in the graph.
+        # bias as a second op, which a later trace(flatten=True) records in the graph (with
+        # hooks, it stays a call there, and trace splits its bias out: split_hooked_biases).
         sch.replace(adopt(LinearWithSeparateBias, mod,
                           ("in_features", "out_features", "weight", "bias", "training")))
         return
-    owner_sch, rel, calls = owner
-    new = DecomposedLinear(mod)
-    setattr(sch.parent.mod, sch.name, new)
-    sch.mod = new
+    owner_sch, rel, _ = owner
+    split_bias(owner_sch.mod, rel)
+    sch.mod = getattr(sch.parent.mod, sch.name)
     sch._rebuild_children()
-    gm = owner_sch.mod
-    for call in calls:
+
+
+def split_bias(gm: fx.GraphModule, rel: str) -> None:
+    """Make the Linear that ``gm`` calls at ``rel`` a ``DecomposedLinear`` (its hooks moved to
+    it, run as before) and add its bias in ``gm``'s graph after each call."""
+    mod = gm.get_submodule(rel)
+    new = DecomposedLinear(mod)
+    move_hooks(mod, new, keep=lambda hook: not is_inert_hook(hook))
+    parent, _, name = rel.rpartition(".")
+    setattr(gm.get_submodule(parent), name, new)
+    for call in [n for n in gm.graph.nodes if n.op == "call_module" and n.target == rel]:
         with gm.graph.inserting_after(call):
             bias = gm.graph.get_attr(f"{rel}.decomposed_bias")
         with gm.graph.inserting_after(bias):
@@ -157,3 +175,18 @@ def decompose(sch) -> None:
         call.replace_all_uses_with(add, delete_user_cb=lambda user, add=add: user is not add)
     gm.graph.lint()
     gm.recompile()
+
+
+def split_hooked_biases(gm: fx.GraphModule) -> None:
+    """Decompose, in the graphs of ``gm``, the calls of a ``LinearWithSeparateBias`` that the
+    tracer kept as a call because it has hooks (a column-parallel Linear decomposed after its
+    ``sync``): its bias add joins the graph, as its forward's would have (``trace`` runs this)."""
+    from ..op import LinearWithSeparateBias
+
+    graphs = [sub for sub in gm.modules() if isinstance(sub, fx.GraphModule)]
+    for sub in graphs:
+        hooked = {path for path, mod in sub.named_modules()
+                  if type(mod) is LinearWithSeparateBias and has_foreign_hooks(mod)}
+        for path in sorted({n.target for n in sub.graph.nodes
+                            if n.op == "call_module" and n.target in hooked}):
+            split_bias(sub, path)

@@ -11,6 +11,7 @@ from ..pattern import Match
 from ..tracing import is_inert_hook
 from . import register_primitive
 from ._params import set_annotation
+from .base import keyword_aliases
 
 
 class FunctionModule(nn.Module):
@@ -28,6 +29,7 @@ class FunctionModule(nn.Module):
 
 
 @register_primitive()
+@keyword_aliases(new_mod_or_func="new", target_ops="subgraph")  # upstream's names
 def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = None,
             concrete_args: dict | None = None) -> None:
     """Replace this node's module with ``new`` (a module, or a function wrapped in one).
@@ -104,6 +106,7 @@ def replace(sch, new: nn.Module | Callable, subgraph=None, name: str | None = No
 
 
 @register_primitive()
+@keyword_aliases(target_mod_type="target")  # upstream's name
 def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
     """Replace every module of class ``target`` at or below this node, or every match of the
     pattern ``target``, by what ``make_mod_fn`` makes (upstream Slapo's ``replace_all``).

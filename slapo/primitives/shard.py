@@ -13,6 +13,7 @@ from .. import state
 from ..hooks import defer_bias
 from . import register_primitive
 from ._params import get_param
+from .base import keyword_aliases
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ def full_layout(gathered: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
 
 
 @register_primitive()
+@keyword_aliases(tensor_name="param_names")  # upstream's name
 def shard(sch, param_names: str | list[str], axis: int, *, parts: int = 1,
           pad: bool = False) -> None:
     """Keep only this rank's slice of each parameter in ``param_names`` along ``axis``.

@@ -12,6 +12,7 @@ from ..hooks import move_hooks
 from ..tracing import is_inert_hook, is_traced, trace_module
 from ..tracing.hf_inputs import example_inputs_from_config
 from . import register_primitive
+from .decompose import split_hooked_biases
 
 # Upstream Slapo's tracer names. There is one tracer here (torch.fx with example values); it
 # traces HF blocks too, so every name selects it: "huggingface" insists on example inputs
@@ -122,6 +123,7 @@ def _trace(sch, recursive, flatten, leaves, tracer, concrete_args, config, examp
         example_inputs = _inputs_from_model_config(sch, tracer, config, concrete_args, where)
     gm = trace_module(sch.mod, example_inputs=example_inputs, concrete_args=concrete_args,
                       leaves=leaves, flatten=flatten, path=sch.path)
+    split_hooked_biases(gm)
     kept = {id(mod) for mod in sch.mod.modules()}
     for mod in gm.modules():  # the graph module and the ones holding its attributes are new
         if id(mod) not in kept:

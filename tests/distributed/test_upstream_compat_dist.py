@@ -1,11 +1,20 @@
 """Upstream Slapo's spellings that need ranks, on 2 gloo ranks: ``Verify(..., device=)`` on a
 model whose weights differ per rank (it runs from the first rank's) and on one created on the
-meta device (initialised as build does), and GPT-2's ``gen_embedding_hooks`` around a
-vocabulary-sharded embedding, each against the plain model."""
+meta device (initialised as build does), GPT-2's ``gen_embedding_hooks`` around a
+vocabulary-sharded embedding, and ``decompose`` after a column-parallel shard (upstream's
+schedules shard, then fuse bias+GeLU), each against the plain model; ``slapo.execute`` with
+``slapo.env.setup``, as upstream's scripts launch ranks."""
 
+import argparse
 import copy
+import os
+import socket
+import tempfile
+from pathlib import Path
 
+import pytest
 import torch
+import torch.nn.functional as F
 from distributed import run_ranks
 from torch import nn
 
@@ -120,3 +129,103 @@ def _mlps():
 def test_mlps_without_bias_and_resharded_on_the_meta_device_train_as_plain():
     for results in run_ranks(_mlps):
         assert results == {"no bias": "passed", "meta reshard": "passed"}
+
+
+class NormFFN(nn.Module):
+    """A LayerNorm before the FFN: its gradients need fc1's input-gradient all-reduce."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.fc1, self.act, self.fc2 = (nn.LayerNorm(8), nn.Linear(8, 16), nn.GELU(),
+                                                   nn.Linear(16, 8))
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(self.norm(x))))
+
+
+def _shard_ffn(sch, fc1_sync: bool = True):
+    sch["fc1"].shard("weight", axis=0)
+    sch["fc1"].shard("bias", axis=0)
+    if fc1_sync:
+        sch["fc1"].sync(mode="bwd_post", sync_op_or_fn="all_reduce")
+    sch["fc2"].shard("weight", axis=1)
+    sch["fc2"].sync(mode="fwd_post", sync_op_or_fn="all_reduce")
+
+
+def _decompose_after_shard():
+    results = {}
+    torch.manual_seed(0)
+    model, x = NormFFN(), torch.randn(4, 8)
+    for traced_first in (False, True):
+        sch = slapo.create_schedule(copy.deepcopy(model))
+        with slapo.Verify(sch, [x]):
+            _shard_ffn(sch)
+            if traced_first:  # this package's order: trace, then decompose in the graph
+                sch.trace()
+                sch["fc1"].decompose()
+            else:  # upstream's: decompose, then trace(flatten=True) records the bias add
+                sch["fc1"].decompose()
+                sch.trace(flatten=True)
+            found = sch.find(lambda x, bias: F.gelu(x + bias))
+            results[traced_first, "found"] = len(found)
+            sch.fuse(found[0], compiler=None, name="bias_gelu")
+        results[traced_first] = (type(sch.mod.fc1).__name__, tuple(sch.mod.fc1.weight.shape))
+    sch = slapo.create_schedule(copy.deepcopy(model))
+    try:  # the control: without fc1's sync the LayerNorm's gradients are wrong
+        with slapo.Verify(sch, [x]):
+            _shard_ffn(sch, fc1_sync=False)
+        results["no sync"] = "passed"
+    except AssertionError as err:
+        results["no sync"] = str(err)
+    for refused in ("row parallel", "fwd_post"):
+        sch = slapo.create_schedule(copy.deepcopy(model))
+        if refused == "row parallel":
+            _shard_ffn(sch)
+            target = "fc2"
+        else:
+            sch["fc1"].shard("weight", axis=0)
+            sch["fc1"].shard("bias", axis=0)
+            sch["fc1"].sync(mode="fwd_post", sync_op_or_fn="all_gather", axis=1)
+            target = "fc1"
+        try:
+            sch[target].decompose()
+            results[refused] = "accepted"
+        except ValueError as err:
+            results[refused] = str(err)
+    return results
+
+
+def test_decompose_after_a_column_parallel_shard_trains_as_the_plain_model():
+    for results in run_ranks(_decompose_after_shard):
+        for traced_first in (False, True):
+            assert results[traced_first, "found"] == 1
+            assert results[traced_first] == ("DecomposedLinear", (8, 8))
+        assert "norm.weight" in results["no sync"], results["no sync"]
+        assert "row-parallel shard" in results["row parallel"]
+        assert "forward hooks (a fwd_post sync)" in results["fwd_post"]
+
+
+def _all_reduce_rank(rank, args):
+    if args.fail:
+        raise ValueError(f"rank {rank} failed on purpose")
+    slapo.env.setup(rank, args.world_size)
+    total = torch.tensor([float(rank + 1)])
+    torch.distributed.all_reduce(total)
+    (Path(args.folder) / f"rank{rank}").write_text(
+        f"{total.item()} {torch.distributed.get_backend()}")
+    slapo.env.cleanup()
+
+
+def test_execute_runs_upstreams_launch_on_cpu_ranks(monkeypatch):
+    with socket.socket() as free:
+        free.bind(("localhost", 0))
+        port = free.getsockname()[1]
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # gloo, whatever the machine has
+    with tempfile.TemporaryDirectory() as folder:
+        slapo.execute(_all_reduce_rank, argparse.Namespace(world_size=2, folder=folder,
+                                                           fail=False))
+        assert [(Path(folder) / f"rank{r}").read_text() for r in (0, 1)] == ["3.0 gloo"] * 2
+    assert os.environ["MASTER_PORT"] == str(port)  # a port already set is kept
+    with pytest.raises(Exception, match="failed on purpose"):
+        slapo.execute(_all_reduce_rank, argparse.Namespace(world_size=2, folder="", fail=True))

@@ -1,0 +1,109 @@
+"""The primitive registry, where upstream Slapo kept it (``slapo.primitives.base``).
+
+A primitive is registered by name and called on any schedule node as a method,
+``sch.<name>(...)``. Two forms register one:
+
+- a function ``f(sch, ...)``, registered under its name (``register_primitive(name)`` for
+  another), the form this package's own primitives use;
+- upstream's form, a ``Primitive`` subclass with static ``name()`` and ``apply(sch, ...)``,
+  registered under ``name()``; ``apply`` is what ``sch.<name>(...)`` calls, and a non-None
+  ``init_metadata()`` is this primitive's entry in each node's ``sch.metadata.primitives``
+  (made at the node's first read and kept by the node, so ``apply`` can record in it).
+
+``slapo.list_primitives()`` lists them; ``help(sch.shard)`` (or
+``help(get_primitive("shard"))``) shows a primitive's documentation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Callable
+
+_PRIMITIVES: dict[str, Callable] = {}
+_METADATA_MAKERS: dict[str, Callable] = {}  # primitive name -> init_metadata (class form)
+
+
+class Primitive:
+    """Upstream Slapo's base class of a primitive given as a class (see the module)."""
+
+    @staticmethod
+    def name() -> str:
+        """The name the primitive is called by: ``sch.<name>(...)``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def apply(sch, *args, **kwargs):
+        """Apply the primitive to the schedule node ``sch``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def is_verifiable() -> bool:
+        """Upstream's flag for primitives its ``Verify`` checked; here ``slapo.Verify`` checks
+        the whole block, whichever primitives it holds."""
+        return False
+
+    @staticmethod
+    def init_metadata():
+        """The primitive's entry in ``sch.metadata.primitives`` of each node (None: none)."""
+        return None
+
+
+def register_primitive(name: str | None = None):
+    """Decorator registering a schedule primitive: a function ``f(sch, ...)`` under ``name``
+    (default: its name), or a ``Primitive`` subclass under its ``name()``. A name registered
+    twice is an error."""
+    def wrap(obj):
+        if isinstance(obj, type):
+            if not issubclass(obj, Primitive):
+                raise ValueError(f"register_primitive: class {obj.__name__} is not a subclass of "
+                                 "slapo.primitives.base.Primitive")
+            key, fn = name or obj.name(), obj.apply
+            if fn is Primitive.apply:
+                raise ValueError(f"register_primitive: {obj.__name__} does not define apply()")
+            if fn.__doc__ is None:
+                fn.__doc__ = obj.__doc__
+        else:
+            key, fn = name or obj.__name__, obj
+        if key in _PRIMITIVES:
+            raise ValueError(f"primitive '{key}' is registered twice")
+        _PRIMITIVES[key] = fn
+        if isinstance(obj, type) and obj.init_metadata is not Primitive.init_metadata:
+            _METADATA_MAKERS[key] = obj.init_metadata
+        return obj
+    return wrap
+
+
+def keyword_aliases(**aliases: str):
+    """Decorator letting a primitive take upstream Slapo's keyword for an argument named
+    otherwise here (``keyword_aliases(tensor_name="param_names")``); giving both is an error."""
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            for upstream, here in aliases.items():
+                if upstream in kwargs:
+                    if here in kwargs:
+                        raise TypeError(f"{fn.__name__}: {upstream}= and {here}= name the same "
+                                        "argument; give one")
+                    kwargs[here] = kwargs.pop(upstream)
+            return fn(*args, **kwargs)
+        return call
+    return wrap
+
+
+def get_primitive(name: str) -> Callable:
+    if name not in _PRIMITIVES:
+        close = difflib.get_close_matches(name, _PRIMITIVES, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise KeyError(f"unknown primitive '{name}'{hint}")
+    return _PRIMITIVES[name]
+
+
+def list_primitives() -> list[str]:
+    """The names of all registered primitives, sorted."""
+    return sorted(_PRIMITIVES)
+
+
+def metadata_makers() -> dict[str, Callable]:
+    """``init_metadata`` of each primitive registered in upstream's class form that has one."""
+    return dict(_METADATA_MAKERS)
