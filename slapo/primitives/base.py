@@ -20,7 +20,8 @@ import difflib
 import functools
 from collections.abc import Callable
 
-_PRIMITIVES: dict[str, Callable] = {}
+_PRIMITIVES: dict[str, Callable] = {}  # name -> what sch.<name>(...) calls
+_REGISTERED: dict[str, object] = {}  # name -> what was registered (a function or a class)
 _METADATA_MAKERS: dict[str, Callable] = {}  # primitive name -> init_metadata (class form)
 
 
@@ -67,7 +68,7 @@ def register_primitive(name: str | None = None):
             key, fn = name or obj.__name__, obj
         if key in _PRIMITIVES:
             raise ValueError(f"primitive '{key}' is registered twice")
-        _PRIMITIVES[key] = fn
+        _PRIMITIVES[key], _REGISTERED[key] = fn, obj
         if isinstance(obj, type) and obj.init_metadata is not Primitive.init_metadata:
             _METADATA_MAKERS[key] = obj.init_metadata
         return obj
@@ -99,9 +100,12 @@ def get_primitive(name: str) -> Callable:
     return _PRIMITIVES[name]
 
 
-def list_primitives() -> list[str]:
-    """The names of all registered primitives, sorted."""
-    return sorted(_PRIMITIVES)
+def list_primitives(name_only: bool = True) -> list[str] | dict[str, object]:
+    """The names of all registered primitives, sorted; with ``name_only=False`` (upstream's
+    spelling) a dict of each name to what was registered, a function or a ``Primitive``
+    class."""
+    return sorted(_PRIMITIVES) if name_only else {key: _REGISTERED[key] for key in
+                                                  sorted(_REGISTERED)}
 
 
 def metadata_makers() -> dict[str, Callable]:

@@ -6,7 +6,11 @@
   with upstream's ``generate_pipeline_partition``;
 - tensor parallelism after ``decompose``: a BERT FFN with decomposed Linears (column-parallel
   first, row-parallel second) and a fused bias+GeLU trains like the plain FFN;
-- tracing after tensor parallelism: a sharded BERT layer, traced, trains like the plain one.
+- tracing after tensor parallelism: a sharded BERT layer, traced, trains like the plain one;
+- upstream Slapo's order: a BERT layer sharded first (attention and MLP), then its bias+GeLU
+  fused as upstream's BERT schedule fuses it (``decompose``, ``trace(flatten=True)``, ``find``,
+  ``fuse(compiler="TorchScript")``), trains like the plain one (the column-parallel Linear's
+  ``sync`` stays on its matmul: without it the attention's gradients would be wrong).
 
 Tolerance: relative error (``slapo.verify.relative_error``) at most 1e-5 for each step's loss
 (the mean of the microbatch losses against the full-batch loss) and each parameter's gradient.
@@ -114,10 +118,40 @@ def _sharded_then_traced_layer():
     return train_side_by_side(plain, slapo.build_module(sch), batches, square_loss)
 
 
+def _upstream_order_layer():
+    """Upstream's BERT schedule in its order: shard_attention, shard_mlp, fuse_bias_gelu."""
+    from static_models import additive_mask
+    from transformers.models.bert.modeling_bert import BertLayer
+    torch.manual_seed(0)
+    plain = BertLayer(bert_config())
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    for name in ("query", "key", "value"):
+        sch[f"attention.self.{name}"].shard("weight", axis=0)
+        sch[f"attention.self.{name}"].shard("bias", axis=0)
+    sch["attention.self"].sync(mode="bwd_post", sync_op_or_fn="all_reduce")
+    sch["attention.output.dense"].shard("weight", axis=1)
+    sch["attention.output.dense"].sync(mode="fwd_post", sync_op_or_fn="all_reduce")
+    sch["intermediate.dense"].shard("weight", axis=0)
+    sch["intermediate.dense"].shard("bias", axis=0)
+    sch["intermediate.dense"].sync(mode="bwd_post", sync_op_or_fn="all_reduce")
+    sch["output.dense"].shard("weight", axis=1)
+    sch["output.dense"].sync(mode="fwd_post", sync_op_or_fn="all_reduce")
+    subsch = sch["intermediate"]
+    subsch["dense"].decompose()
+    subsch.trace(flatten=True)
+    subgraph = subsch.find(lambda x, bias: F.gelu(x + bias))
+    subsch.fuse(subgraph, compiler="TorchScript", name="FusedBiasGeLU")
+    fused = type(sch["intermediate"].mod.FusedBiasGeLU_0).__name__
+    batches = [{"hidden_states": hidden(*RUN, s), "attention_mask": additive_mask(*RUN, s)}
+               for s in range(STEPS)]
+    return fused, train_side_by_side(plain, slapo.build_module(sch), batches, square_loss)
+
+
 def _both():
     return {"pipeline": _pipeline(), "partitioned": _pipeline(partition_first=True),
             "tp": _tensor_parallel_ffn(),
-            "tp_then_trace": _sharded_then_traced_layer()}
+            "tp_then_trace": _sharded_then_traced_layer(),
+            "upstream_order": _upstream_order_layer()}
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +193,10 @@ def test_decomposed_linears_stay_shardable(ranks):
 def test_sharded_layer_traces(ranks):
     for rank in ranks:
         assert_trains_alike(rank["tp_then_trace"], "TP=2 then trace")
+
+
+def test_upstreams_order_shard_then_fuse_trains_like_the_plain_layer(ranks):
+    for rank in ranks:
+        fused, reports = rank["upstream_order"]
+        assert fused == "RecursiveScriptModule"
+        assert_trains_alike(reports, "upstream's order: TP=2, then bias+GeLU fused")

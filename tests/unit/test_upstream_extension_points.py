@@ -20,10 +20,12 @@ from slapo.primitives import base
 def fresh_registries():
     """Registrations made by a test are removed after it (the registries are global)."""
     primitives, makers = dict(base._PRIMITIVES), dict(base._METADATA_MAKERS)
+    registered = dict(base._REGISTERED)
     methods = {name: dict(steps) for name, steps in schedule_registry.SCHEDULE_METHODS.items()}
     yield
     base._PRIMITIVES.clear(), base._PRIMITIVES.update(primitives)
     base._METADATA_MAKERS.clear(), base._METADATA_MAKERS.update(makers)
+    base._REGISTERED.clear(), base._REGISTERED.update(registered)
     schedule_registry.SCHEDULE_METHODS.clear()
     schedule_registry.SCHEDULE_METHODS.update(methods)
 
@@ -55,6 +57,9 @@ def test_a_primitive_class_is_called_by_its_name_and_keeps_its_metadata(fresh_re
     assert dict(sch["0"].metadata.primitives["scale_init"]) == {"weight": 0.5}
     assert dict(sch.metadata.primitives["scale_init"]) == {}  # each node its own entry
     assert "scale_init" in slapo.list_primitives()
+    registered = slapo.list_primitives(name_only=False)
+    assert registered["scale_init"] is ScaleInit
+    assert registered["shard"] is slapo.get_primitive("shard")  # a function, as registered
     assert "Scale a parameter" in sch["0"].scale_init.__doc__
     assert sch["0"].get_top_schedule() is sch
 
