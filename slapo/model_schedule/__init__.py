@@ -69,7 +69,9 @@ Options (each family honours all of them):
                    per layer and the rewrites above were measured faster. Under DeepSpeed
                    ZeRO-3, which gathers parameters in module hooks, ``build(target=
                    "deepspeed")`` makes each compiled layer a ZeRO-3 leaf module
-                   (``slapo.engines.with_zero3_leaves``; torch 2.13 or later).
+                   (``slapo.engines.with_zero3_leaves``) and keeps torch's own linear in
+                   them (``slapo.engines.with_torch_linear``; with torch 2.11, DeepSpeed's
+                   left compiled Linear layers with a bias without gradients).
 The scheduled model is called exactly like the plain one and returns its loss the same way.
 
 Each family's ``schedule`` calls the primitives itself, in the order of the paper's listings:

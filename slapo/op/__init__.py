@@ -87,14 +87,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def kernel_choices(device_type: str) -> dict[str, str]:
+def kernel_choices(device_type: str, local_window: bool = False) -> dict[str, str]:
     """The kernel each op picks on ``device_type`` (for records): attention, its dropout,
-    dropout elsewhere, and bias+GeLU."""
+    dropout elsewhere, and bias+GeLU. ``local_window``: the model has attention over a local
+    window (GPT-Neo's local layers, a ``CoreAttention`` with a ``window``)."""
     attention_kernel = "scaled_dot_product_attention"
     if sdpa_backend.measures(device_type):
         attention_kernel += (" (on the kernel measured fastest at the first call of each "
                              "shape and mask)")
-    if device_type in sdpa.BANDED_ON:
+    if local_window and device_type in sdpa.BANDED_ON:
         attention_kernel += " (a local window: by chunks of the window, local_attention)"
     if device_type == "cpu":
         attention_kernel += " (written out, 16-bit-mask dropout, when training with dropout)"

@@ -12,10 +12,13 @@ PyTorch already puts cuDNN first on Hopper builds whose cuDNN it trusts. So rath
 per architecture, :func:`backend_order` measures, on a device in ``MEASURED_ON`` (CUDA; the
 environment's ``SLAPO_SDPA_MEASURE`` names others, or none when empty), at the first call of
 each shape (strides, mask and dtype included): the forward and backward of each backend in
-``CANDIDATES`` that can serve the call, each checked against the kernel SDPA picks by itself
-(relative error of the output and of the three input gradients at most ``AGREEMENT``, without
-dropout), ordered by their median time with the call's dropout, fastest first (SDPA's own pick
-first unless another is ``MARGIN`` faster). cuDNN's attention is left out where SDPA keeps it
+``CANDIDATES`` that can serve the call, each checked against the definition, SDPA's math
+kernel in float32 on the same inputs (relative error of the output and of the three input
+gradients at most ``AGREEMENT``, without dropout; against the kernel SDPA picks by itself where
+the float32 reference does not fit in memory), so that a kernel at fault at a shape, SDPA's own
+pick included, is left out rather than taken as the reference; ordered by their median time
+with the call's dropout, fastest first (SDPA's own pick first unless another is ``MARGIN``
+faster). cuDNN's attention is left out where SDPA keeps it
 behind its math kernel: the measurement reorders the kernels PyTorch trusts on the build and
 GPU, and opts into none it does not. The record names SDPA's own pick beside the choice.
 :func:`slapo.op.sdpa.scaled_dot_product_attention`, through which all of Slapo's attention
@@ -178,6 +181,11 @@ def measure(call: AttentionCall) -> dict:
         except RuntimeError as err:  # out of memory, say: the call itself will tell
             return {"order": (), "times_ms": {}, "sdpa_own": None, "excluded": {
                 "all": "SDPA's own kernel did not run: " + str(err).strip().splitlines()[0]}}
+        against = "the float32 math kernel"
+        try:
+            reference = _float32_math(q, k, v, grad, kwargs)
+        except RuntimeError:  # its [B, H, Q, K] scores in float32 did not fit
+            against = "SDPA's own kernel (the float32 math kernel did not fit)"
         own = sdpa_pick(q, k, v, dict(kwargs, dropout_p=call.dropout_p))
         priority = sdpa_priority()  # read after SDPA's first call, where CUDA settles it
         for name in CANDIDATES.get(device.type, ()):
@@ -190,7 +198,7 @@ def measure(call: AttentionCall) -> dict:
                 result = _forward_backward(backend, q, k, v, grad, kwargs)
                 error = max(_relative_error(a, b) for a, b in zip(result, reference))
                 if error > AGREEMENT:
-                    excluded[name] = f"relative error {error:.2g} against SDPA's own kernel"
+                    excluded[name] = f"relative error {error:.2g} against {against}"
                     continue
                 timed = dict(kwargs, dropout_p=call.dropout_p)
                 times[name] = _median_ms(
@@ -261,6 +269,15 @@ def _forward_backward(backend, q, k, v, grad, kwargs) -> tuple[torch.Tensor, ...
             out = F.scaled_dot_product_attention(q, k, v, **kwargs)
     out.backward(grad)
     return out.detach(), q.grad, k.grad, v.grad
+
+
+def _float32_math(q, k, v, grad, kwargs) -> tuple[torch.Tensor, ...]:
+    """The call's forward and input gradients by SDPA's math kernel in float32."""
+    mask = kwargs["attn_mask"]
+    if mask is not None and mask.is_floating_point():
+        mask = mask.detach().float().requires_grad_(mask.requires_grad)
+    return _forward_backward(SDPBackend.MATH, *(t.float() for t in (q, k, v, grad)),
+                             dict(kwargs, attn_mask=mask))
 
 
 def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

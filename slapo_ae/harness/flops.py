@@ -164,6 +164,22 @@ def forward_flops_per_sample(cfg: dict, seq_len: int, dec_seq_len: int = 0,
     raise ValueError(f"no FLOPs formula for model_type {kind!r}")
 
 
+def local_attention_excess(cfg: dict, seq_len: int) -> float:
+    """The share of the ``"paper"`` forward FLOPs that GPT-Neo's local layers are charged
+    beyond their window (0 for a model without local layers). Both formulas charge each
+    layer's scores and context ``4*h*s^2``, as if every query attended to every key; a local
+    layer's query attends to at most ``window_size`` keys, ``4*h*s*min(s, w)``. (Causal
+    attention is charged in full too, as the paper's formula does for every decoder.)"""
+    if cfg.get("model_type") != "gpt_neo":
+        return 0.0
+    kinds = [kind for pattern, repeat in cfg.get("attention_types", []) for _ in range(repeat)
+             for kind in pattern]
+    local = kinds.count("local")
+    h, s, w = _get(cfg, "hidden_size"), seq_len, _get(cfg, "window_size")
+    excess = local * 4 * h * (s * s - s * min(s, w))
+    return excess / forward_flops_per_sample(cfg, seq_len, formula="paper")
+
+
 def train_flops_per_sample(model_config: dict, seq_len: int, dec_seq_len: int = 0,
                            formula: str = "paper") -> int:
     """Training FLOPs per sample: ``3 * forward`` (see :func:`forward_flops_per_sample`)."""

@@ -56,6 +56,31 @@ def test_padded_linear_equals_linear_forward_and_backward(with_bias):
         assert got.shape == want.shape and relative_error(got, want) <= 1e-6
 
 
+def test_padded_linear_under_autocast_pads_the_cast_weight():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, generator=gen)
+    weight = torch.randn(1001, 16, generator=gen, requires_grad=True)
+    bias = torch.randn(1001, generator=gen, requires_grad=True)
+    padded = []
+
+    class PadDtypes(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is F.pad:
+                padded.append(args[0].dtype)
+            return func(*args, **(kwargs or {}))
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = F.linear(x, weight, bias)
+        with PadDtypes():
+            out = padded_linear(x, weight, bias, multiple=128)
+    assert padded == [torch.bfloat16, torch.bfloat16]  # cast first, then padded
+    assert out.dtype == expected.dtype == torch.bfloat16
+    assert relative_error(out.float(), expected.float()) <= 1e-2
+    out.float().sum().backward()
+    assert weight.grad.dtype == torch.float32 and weight.grad.shape == weight.shape
+    assert bias.grad.dtype == torch.float32 and torch.equal(bias.grad, torch.full((1001,), 4.0))
+
+
 def test_padded_linear_leaves_an_aligned_shape_alone():
     x, weight = torch.randn(2, 8), torch.randn(256, 8)
     out = padded_linear(x, weight, multiple=128)

@@ -51,6 +51,20 @@ def verdicts(*records, model="bert-large-uncased"):
     return {v.target: v for v in judge_model(table, model)}
 
 
+def test_t3_says_what_the_formula_charges_gpt_neos_local_layers():
+    model = "EleutherAI/gpt-neo-1.3B"
+    slapo = rec("slapo-megatron", 40, mfu=0.46, model=model)
+    slapo.case["seq_len"] = 1024
+    v = verdicts(slapo, model=model)
+    assert v["T3"].verdict == "PASS"
+    assert v["T3"].detail == ("best Slapo system: slapo-megatron; the FLOPs formula charges the "
+                              "local layers' attention as dense: 2.7% of the model FLOPs lie "
+                              "beyond their window, which the MFU counts as work done")
+    llama = rec("slapo-megatron", 40, mfu=0.46, model="llama-1.1b")
+    llama.case["seq_len"] = 1024
+    assert verdicts(llama, model="llama-1.1b")["T3"].detail == "best Slapo system: slapo-megatron"
+
+
 def test_targets_pass_at_their_thresholds():
     v = verdicts(rec("slapo-megatron", 330, mfu=0.46), rec("hf-sdpa", 300),
                  rec("hf-compile", 280), rec("hf-liger", status="unsupported"),

@@ -3,6 +3,7 @@ import pytest
 
 from slapo_ae.harness.flops import (
     forward_flops_per_sample,
+    local_attention_excess,
     t5_forward_flops,
     tflops_per_gpu,
     train_flops_per_sample,
@@ -135,3 +136,17 @@ def test_dispatcher_errors():
         train_flops_per_sample(BERT_LARGE, 512, formula="hardware")
     with pytest.raises(KeyError, match="hidden_size"):
         train_flops_per_sample({"model_type": "bert"}, 512)
+
+
+def test_what_the_formula_charges_gpt_neos_local_layers_beyond_their_window():
+    gpt_neo = {"model_type": "gpt_neo", "hidden_size": 2048, "num_layers": 24,
+               "vocab_size": 50257, "attention_types": [[["global", "local"], 12]],
+               "window_size": 256}
+    # 12 local layers x 4*h*(s^2 - s*w) = 12 * 4 * 2048 * (1024^2 - 1024*256) = 77_309_411_328
+    #   of the paper's forward: 24 * (4*2048*1024^2 + 24*1024*2048^2) + 2*1024*2048*50257
+    #   = 24 * 111_669_149_696 + 210_793_136_128 = 2_890_852_728_832
+    assert forward_flops_per_sample(gpt_neo, 1024) == 2_890_852_728_832
+    assert local_attention_excess(gpt_neo, 1024) == pytest.approx(
+        77_309_411_328 / 2_890_852_728_832)
+    assert local_attention_excess(gpt_neo, 256) == 0.0  # a window as long as the sequence
+    assert local_attention_excess(BERT_LARGE, 512) == 0.0

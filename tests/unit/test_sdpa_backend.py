@@ -46,6 +46,12 @@ def test_not_measured_where_not_asked():
     assert "measured" not in kernel_choices("cpu")["attention"]
 
 
+def test_chunked_local_attention_is_claimed_only_for_a_model_with_a_window():
+    assert "local_attention" not in kernel_choices("cuda")["attention"]  # OPT, BERT, LLaMA
+    assert "local_attention" in kernel_choices("cuda", local_window=True)["attention"]
+    assert "local_attention" not in kernel_choices("cpu", local_window=True)["attention"]
+
+
 def test_every_candidate_that_agrees_is_timed_and_ordered_fastest_first(measured_on_cpu):
     result = sdpa_backend.measure(_call(causal=True))
     assert set(result["order"]) == {"FLASH_ATTENTION", "MATH"}
@@ -65,7 +71,27 @@ def test_a_backend_that_cannot_serve_the_call_is_left_out_with_the_reason(
     assert result["excluded"]["EFFICIENT_ATTENTION"].startswith("cannot serve the call: ")
 
 
-def test_a_backend_that_disagrees_with_sdpas_own_kernel_is_left_out(
+def test_a_kernel_at_fault_is_left_out_even_when_it_is_sdpas_own_pick(
+        measured_on_cpu, monkeypatch):
+    """Each kernel is checked against the float32 math kernel, not against SDPA's own pick
+    (on CPU its flash kernel): a flash kernel wrong at a shape agrees with itself."""
+    from torch.nn.attention import SDPBackend
+
+    real = sdpa_backend._forward_backward
+
+    def faulty_flash(backend, q, k, v, grad, kwargs):
+        out = real(backend, q, k, v, grad, kwargs)
+        if backend in (None, SDPBackend.FLASH_ATTENTION):  # SDPA's own pick is flash here
+            return tuple(t * 1.1 for t in out)
+        return out
+
+    monkeypatch.setattr(sdpa_backend, "_forward_backward", faulty_flash)
+    result = sdpa_backend.measure(_call(dtype="bfloat16"))
+    assert result["sdpa_own"] == "FLASH_ATTENTION" and result["order"] == ("MATH",)
+    assert result["excluded"]["FLASH_ATTENTION"].endswith("against the float32 math kernel")
+
+
+def test_a_backend_that_disagrees_with_the_reference_is_left_out(
         measured_on_cpu, monkeypatch):
     monkeypatch.setattr(sdpa_backend, "AGREEMENT", -1.0)  # nothing agrees, not even itself
     result = sdpa_backend.measure(_call())

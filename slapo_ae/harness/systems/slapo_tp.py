@@ -48,7 +48,7 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
     over all ranks."""
     import slapo
     from slapo.model_schedule import schedule_model
-    from slapo.op import PaddedLinear, kernel_choices, vocab_projection_kernel
+    from slapo.op import CoreAttention, PaddedLinear, kernel_choices, vocab_projection_kernel
     from slapo.op.cross_entropy import padded_vocab_spec
     from slapo.random import manual_seed
 
@@ -63,7 +63,9 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
     except NotImplementedError as err:
         raise Unsupported(f"no Slapo schedule: {err}") from None
     if opts.kernel_opt:
-        choices = kernel_choices(device)
+        choices = kernel_choices(device, local_window=any(
+            isinstance(mod, CoreAttention) and mod.window is not None
+            for mod in sch.mod.modules()))
         if opts.compile_layers:
             choices["bias_gelu"] = "in the layer's region"
             choices["layers"] = ("one torch.compile (inductor) region each: norms, residual "
