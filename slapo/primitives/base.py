@@ -59,9 +59,12 @@ def register_primitive(name: str | None = None):
             if not issubclass(obj, Primitive):
                 raise ValueError(f"register_primitive: class {obj.__name__} is not a subclass of "
                                  "slapo.primitives.base.Primitive")
+            missing = [m for m in ("name", "apply")
+                       if getattr(obj, m) is getattr(Primitive, m) and not (m == "name" and name)]
+            if missing:
+                raise ValueError(f"register_primitive: {obj.__name__} does not define "
+                                 f"{' or '.join(f'{m}()' for m in missing)}")
             key, fn = name or obj.name(), obj.apply
-            if fn is Primitive.apply:
-                raise ValueError(f"register_primitive: {obj.__name__} does not define apply()")
             if fn.__doc__ is None:
                 fn.__doc__ = obj.__doc__
         else:

@@ -78,8 +78,16 @@ def test_a_primitive_class_is_checked_when_registered(fresh_registries):
         def name():
             return "no_apply"
 
-    with pytest.raises(ValueError, match="NoApply does not define apply"):
+    with pytest.raises(ValueError, match=r"NoApply does not define apply\(\)"):
         base.register_primitive()(NoApply)
+
+    class Nameless(base.Primitive):
+        @staticmethod
+        def apply(sch):
+            pass
+
+    with pytest.raises(ValueError, match=r"Nameless does not define name\(\)"):
+        base.register_primitive()(Nameless)
 
     class Shard(base.Primitive):
         @staticmethod
