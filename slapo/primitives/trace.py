@@ -205,13 +205,14 @@ def trace_until(sch, paths: str | list[str], **kwargs) -> bool:
         if not node.child:
             raise ValueError(f"trace_until: '{path}' ({type(node.mod).__name__}) has no "
                              "submodules to stop at")
+        prefix = f"{path}." if path else ""  # "" is the root: its children are the stops
         for name, child in node.child.items():
             # a container is never called: its items are the calls to keep (upstream took
             # everything under a leaf path as a leaf)
             if isinstance(child.mod, (nn.ModuleList, nn.ModuleDict)):
-                leaves += [f"{path}.{name}.{item}" for item in child.child]
+                leaves += [f"{prefix}{name}.{item}" for item in child.child]
             else:
-                leaves.append(f"{path}.{name}")
+                leaves.append(f"{prefix}{name}")
     return trace(sch, leaves=leaves, **kwargs)
 
 

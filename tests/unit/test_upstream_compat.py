@@ -325,6 +325,37 @@ def test_trace_for_pipeline_is_upstreams_name_for_trace_until():
     sch["layers.0"].cut_pipeline_stage()
 
 
+def test_trace_until_the_root_keeps_its_children_as_calls():
+    """Upstream's pipeline tests trace until "" (the root): its children are the stops. (The
+    stops were named ".pre", ".blocks.0", which matched nothing: all was traced through.)"""
+    from slapo.tracing import is_traced
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pre, self.blocks = Block(), nn.ModuleList(Block() for _ in range(2))
+
+        def forward(self, x):
+            x = self.pre(x)
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    sch = slapo.create_schedule(Net())
+    sch.trace_until("", example_inputs=(torch.randn(2, 4),))
+    calls = [n.target for n in sch.mod.graph.nodes if n.op == "call_module"]
+    assert calls == ["pre", "blocks.0", "blocks.1"]
+    assert not any(is_traced(sch[path].mod) for path in calls)
+
+
 def test_upstream_seeding_keywords_and_check():
     from slapo.op import FlashAttention
     from slapo.random import get_cuda_rng_tracker, is_random_seed_set
