@@ -22,9 +22,6 @@ from collections.abc import Callable
 
 SCHEDULE_METHODS: dict[str, dict[str, Callable]] = {}
 
-# The steps upstream's apply_schedule looked up, in its order.
-STEPS = ("shard_parameters", "broadcast_input", "checkpoint", "generate_pipeline_schedule")
-
 
 def register_schedule_method(model_name: str):
     """Decorator registering a schedule step for ``model_name`` under the function's name."""
