@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from torch import fx, nn
 
+from .schedule import create_schedule
+
 
 def trace(model: nn.Module, **kwargs) -> fx.GraphModule:
     """``model`` traced as ``slapo.create_schedule(model).trace(**kwargs)`` traces it (the same
     keywords: ``recursive``, ``flatten``, ``leaf_modules``, ``tracer``, ``concrete_args``,
     ``config``, ``example_inputs``), returned as the GraphModule. Hooks on ``model`` move to the
     GraphModule, as the primitive moves them; the submodules are shared with ``model``."""
-    from .schedule import create_schedule  # slapo.schedule imports the primitives
-
     sch = create_schedule(model)
     sch.trace(**kwargs)
     return sch.mod

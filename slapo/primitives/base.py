@@ -20,9 +20,7 @@ import difflib
 import functools
 from collections.abc import Callable
 
-_PRIMITIVES: dict[str, Callable] = {}  # name -> what sch.<name>(...) calls
 _REGISTERED: dict[str, object] = {}  # name -> what was registered (a function or a class)
-_METADATA_MAKERS: dict[str, Callable] = {}  # primitive name -> init_metadata (class form)
 
 
 class Primitive:
@@ -64,16 +62,14 @@ def register_primitive(name: str | None = None):
             if missing:
                 raise ValueError(f"register_primitive: {obj.__name__} does not define "
                                  f"{' or '.join(f'{m}()' for m in missing)}")
-            key, fn = name or obj.name(), obj.apply
-            if fn.__doc__ is None:
-                fn.__doc__ = obj.__doc__
+            key = name or obj.name()
+            if obj.apply.__doc__ is None:
+                obj.apply.__doc__ = obj.__doc__
         else:
-            key, fn = name or obj.__name__, obj
-        if key in _PRIMITIVES:
+            key = name or obj.__name__
+        if key in _REGISTERED:
             raise ValueError(f"primitive '{key}' is registered twice")
-        _PRIMITIVES[key], _REGISTERED[key] = fn, obj
-        if isinstance(obj, type) and obj.init_metadata is not Primitive.init_metadata:
-            _METADATA_MAKERS[key] = obj.init_metadata
+        _REGISTERED[key] = obj
         return obj
     return wrap
 
@@ -96,21 +92,24 @@ def keyword_aliases(**aliases: str):
 
 
 def get_primitive(name: str) -> Callable:
-    if name not in _PRIMITIVES:
-        close = difflib.get_close_matches(name, _PRIMITIVES, n=3)
+    """What ``sch.<name>(...)`` calls: the function, or a ``Primitive`` class's ``apply``."""
+    if name not in _REGISTERED:
+        close = difflib.get_close_matches(name, _REGISTERED, n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise KeyError(f"unknown primitive '{name}'{hint}")
-    return _PRIMITIVES[name]
+    obj = _REGISTERED[name]
+    return obj.apply if isinstance(obj, type) else obj
 
 
 def list_primitives(name_only: bool = True) -> list[str] | dict[str, object]:
     """The names of all registered primitives, sorted; with ``name_only=False`` (upstream's
     spelling) a dict of each name to what was registered, a function or a ``Primitive``
     class."""
-    return sorted(_PRIMITIVES) if name_only else {key: _REGISTERED[key] for key in
+    return sorted(_REGISTERED) if name_only else {key: _REGISTERED[key] for key in
                                                   sorted(_REGISTERED)}
 
 
 def metadata_makers() -> dict[str, Callable]:
     """``init_metadata`` of each primitive registered in upstream's class form that has one."""
-    return dict(_METADATA_MAKERS)
+    return {key: obj.init_metadata for key, obj in _REGISTERED.items()
+            if isinstance(obj, type) and obj.init_metadata is not Primitive.init_metadata}

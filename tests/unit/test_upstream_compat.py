@@ -325,23 +325,27 @@ def test_trace_for_pipeline_is_upstreams_name_for_trace_until():
     sch["layers.0"].cut_pipeline_stage()
 
 
+class _LinearReLU(nn.Module):
+    """A layer of the trace_until tests: a Linear and a ReLU, called as one module."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
 def test_trace_until_the_root_keeps_its_children_as_calls():
     """Upstream's pipeline tests trace until "" (the root): its children are the stops. (The
     stops were named ".pre", ".blocks.0", which matched nothing: all was traced through.)"""
     from slapo.tracing import is_traced
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(4, 4)
-
-        def forward(self, x):
-            return torch.relu(self.lin(x))
-
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.pre, self.blocks = Block(), nn.ModuleList(Block() for _ in range(2))
+            self.pre = _LinearReLU()
+            self.blocks = nn.ModuleList(_LinearReLU() for _ in range(2))
 
         def forward(self, x):
             x = self.pre(x)
@@ -378,18 +382,10 @@ def test_upstreams_top_level_names():
 def test_trace_until_a_module_whose_child_is_a_list_keeps_the_lists_items():
     # upstream's trace_for_pipeline("transformer"): the layers are in transformer.h, a list
     # never called itself; they were traced through (and a kernel inside failed)
-    class Layer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 4)
-
-        def forward(self, x):
-            return torch.relu(self.fc(x))
-
     class Body(nn.Module):
         def __init__(self):
             super().__init__()
-            self.h = nn.ModuleList(Layer() for _ in range(3))
+            self.h = nn.ModuleList(_LinearReLU() for _ in range(3))
 
         def forward(self, x):
             for layer in self.h:

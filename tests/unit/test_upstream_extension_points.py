@@ -19,12 +19,9 @@ from slapo.primitives import base
 @pytest.fixture
 def fresh_registries():
     """Registrations made by a test are removed after it (the registries are global)."""
-    primitives, makers = dict(base._PRIMITIVES), dict(base._METADATA_MAKERS)
     registered = dict(base._REGISTERED)
     methods = {name: dict(steps) for name, steps in schedule_registry.SCHEDULE_METHODS.items()}
     yield
-    base._PRIMITIVES.clear(), base._PRIMITIVES.update(primitives)
-    base._METADATA_MAKERS.clear(), base._METADATA_MAKERS.update(makers)
     base._REGISTERED.clear(), base._REGISTERED.update(registered)
     schedule_registry.SCHEDULE_METHODS.clear()
     schedule_registry.SCHEDULE_METHODS.update(methods)
