@@ -223,18 +223,37 @@ def _check_tensor_group(root, topology) -> None:
                          "create_schedule(model, group=topology.tensor_group)")
 
 
-def analyze_tie_weights(model: nn.Module) -> list[list[tuple[str, int]]]:
-    """Upstream Slapo's analysis of tied weights across pipeline stages: each parameter that
-    modules of more than one stage hold, as its holders ``(parameter name, stage index)``.
-    The stages are ``model``'s children in order (the stage modules of a partition,
-    ``submod_0`` ...; in a model cut between its children, the children), and a name is the
-    parameter's full path in ``model``. Groups in the order of their first holder::
+def analyze_tie_weights(model: nn.Module, is_pipeline_partitioned: bool | None = None):
+    """Upstream Slapo's analysis of tied weights, in both of its forms.
+
+    ``analyze_tie_weights(model)`` (upstream's first form): each parameter that modules of
+    more than one stage hold, as its holders ``(parameter name, stage index)``. The stages
+    are ``model``'s children in order (the stage modules of a partition, ``submod_0`` ...;
+    in a model cut between its children, the children), and a name is the parameter's full
+    path in ``model``. Groups in the order of their first holder::
 
         [[("stage0.wte.weight", 0), ("stage1.linear.weight", 1)]]
+
+    ``analyze_tie_weights(model, is_pipeline_partitioned)`` (upstream's later form): a dict
+    from each tied parameter to its holders. Partitioned (True): the stages as above, the
+    parameters that several stages hold, each holder named within its stage
+    (``("linear.weight", 1)``). Not partitioned (False): every parameter reached by more than
+    one path in ``model``, each path with stage 0 (``("stage1.linear.weight", 0)``).
     """
-    names = [name for name, _ in model.named_children()]
-    return [[(f"{names[k]}.{name}", k) for k, name in holders]
-            for holders in shared_parameters(list(model.children()))]
+    if is_pipeline_partitioned is None:
+        names = [name for name, _ in model.named_children()]
+        return [[(f"{names[k]}.{name}", k) for k, name in holders]
+                for holders in shared_parameters(list(model.children()))]
+    if is_pipeline_partitioned:
+        stages = list(model.children())
+        return {stages[holders[0][0]].get_parameter(holders[0][1]):
+                [(name, k) for k, name in holders]
+                for holders in shared_parameters(stages)}
+    paths: dict[int, tuple[nn.Parameter, list[str]]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        paths.setdefault(id(param), (param, []))[1].append(name)
+    return {param: [(name, 0) for name in names]
+            for param, names in paths.values() if len(names) > 1}
 
 
 def analyze_tie_ranks(tie_weights: list, topology) -> list[list[list[int]]]:

@@ -223,7 +223,7 @@ def _adjust_module(module: nn.Module, pname: str, spec: ShardSpec, sch, where: s
             _shard_bias(module, sch, where, spec)
         else:
             module.nx = local
-            _use_deferred_bias(module)
+            _row_parallel(module, where, spec)
     elif isinstance(module, nn.Linear):
         if axis == 0:
             module.out_features = local
@@ -231,14 +231,14 @@ def _adjust_module(module: nn.Module, pname: str, spec: ShardSpec, sch, where: s
         else:
             module.in_features = local
             if not state.has_row_parallel_forward(module):
-                _use_deferred_bias(module)
+                _row_parallel(module, where, spec)
     elif isinstance(module, nn.modules.conv._ConvNd):
         if axis == 0:
             module.out_channels = local
             _shard_bias(module, sch, where, spec)
         elif axis == 1:
             module.in_channels = local
-            _use_deferred_bias(module)
+            _row_parallel(module, where, spec)
     elif isinstance(module, nn.Embedding):
         if axis == 0:
             _make_vocab_parallel(module, local, sch.rank)
@@ -288,16 +288,45 @@ def _shard_bias(module: nn.Module, sch, weight_where: str, weight: ShardSpec) ->
                      pad=weight.padded > 0)
 
 
-def _use_deferred_bias(module: nn.Module) -> None:
-    if module.bias is None:
+def _row_parallel(module: nn.Module, where: str, spec: ShardSpec) -> None:
+    """Make a module sharded along its input features compute its partial sum: the
+    bias-free computation, with the bias (if any) added once after the forward syncs
+    (``defer_bias``). On several ranks its forward also checks that its input arrives split:
+    an input with all the features (no column-parallel partner before it, no split) is an
+    error naming the weight, where torch's would name two shapes only. A bias-free module
+    of a subclass keeps its own forward (``_check_row_parallel`` refuses one with a bias)."""
+    if module.bias is None and (spec.world_size == 1 or type(module).forward is not
+                                _torch_base_forward(module)):
         return
     if _is_conv1d(module):
-        module.forward = lambda x: torch.matmul(x, module.weight)
+        compute, channel_axis = (lambda x: torch.matmul(x, module.weight)), -1
     elif isinstance(module, nn.Linear):
-        module.forward = lambda x: F.linear(x, module.weight)
-    else:
-        module.forward = lambda x: module._conv_forward(x, module.weight, None)
-    defer_bias(module)
+        compute, channel_axis = (lambda x: F.linear(x, module.weight)), -1
+    else:  # a convolution: channels before its spatial axes, (N,) C, H, W
+        compute, channel_axis = (lambda x: module._conv_forward(x, module.weight, None)), \
+            -len(module.kernel_size) - 1
+    local, full = spec.local_size, spec.full_shape[spec.axis]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        # Shapes are static here: under torch.compile this test costs nothing at run time.
+        if spec.world_size > 1 and x.shape[channel_axis] != local:
+            raise ValueError(
+                f"'{where}' is sharded along its input features (row parallel) over "
+                f"{spec.world_size} ranks: each rank takes {local} of its {full} input "
+                f"features, but its input has {x.shape[channel_axis]}. Its input must arrive "
+                "split: shard the module that computes it along its output features "
+                "(column parallel), or split it with a fwd_pre sync")
+        return compute(x)
+
+    module.forward = forward
+    if module.bias is not None:
+        defer_bias(module)
+
+
+def _torch_base_forward(module: nn.Module):
+    """The forward of the class ``module``'s type derives from: transformers' ``Conv1D``
+    or the torch.nn base."""
+    return _hf_conv1d().forward if _is_conv1d(module) else _torch_base(module).forward
 
 
 def _make_vocab_parallel(emb: nn.Embedding, part: int, rank: int) -> None:

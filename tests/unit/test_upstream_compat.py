@@ -53,6 +53,28 @@ def test_analyze_tie_weights_names_each_holder_with_its_stage():
     assert slapo.pipeline.analyze_tie_weights(nn.Sequential(nn.Linear(2, 2))) == []
 
 
+def test_analyze_tie_weights_in_upstreams_later_form_maps_each_tied_parameter():
+    """Upstream's later ``analyze_tie_weights(model, is_pipeline_partitioned)``: a dict from
+    each tied parameter to its holders, named within their stage when partitioned, by their
+    full path with stage 0 when not (where a tie inside one stage counts too)."""
+    model = _tied(3)
+    model.first.twin = nn.Linear(10, 10, bias=False)
+    model.first.twin.weight = model.first.linear.weight  # tied inside one stage
+    shared = model.first.wte.weight
+    assert slapo.pipeline.analyze_tie_weights(model, True) == {
+        shared: [("wte.weight", 0), ("linear.weight", 1), ("linear.weight", 2)]}
+    whole = slapo.pipeline.analyze_tie_weights(model, False)
+    assert list(whole) == [shared, model.first.linear.weight]
+    assert whole[shared] == [("first.wte.weight", 0), ("after1.linear.weight", 0),
+                             ("after2.linear.weight", 0)]
+    assert whole[model.first.linear.weight] == [("first.linear.weight", 0),
+                                                ("first.twin.weight", 0)]
+    # its values are groups that analyze_tie_ranks takes, as upstream's scripts passed them
+    groups = list(slapo.pipeline.analyze_tie_weights(_tied(2), True).values())
+    assert slapo.pipeline.analyze_tie_ranks(groups, _Topo(dp=1, pp=2, tp=2)) == \
+        [[[0, 2], [1, 3]]]
+
+
 def test_analyze_tie_ranks_pairs_the_same_position_of_each_stage():
     groups = slapo.pipeline.analyze_tie_weights(_tied(2))
     assert slapo.pipeline.analyze_tie_ranks(groups, _Topo(dp=1, pp=2, tp=1)) == [[[0, 1]]]
