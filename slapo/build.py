@@ -32,7 +32,10 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
       (``slapo.engines``); under ZeRO-3 the compiled regions become ZeRO-3 leaf modules, and
       with ``zero3_layer_leaves=True`` the transformer layers too; any target a
       ``"runtime_engine"`` dialect is registered for (``slapo.framework_dialect``) runs the
-      same way;
+      same way. A schedule with pipeline cuts (after ``trace`` and ``cut_pipeline_stage``)
+      runs on DeepSpeed's pipeline engine instead, as upstream's did: ``topology=``,
+      ``config=`` and ``loss_fn=``, and ``engine.train_batch(data_iter)`` trains it
+      (``slapo.pipeline.deepspeed_pipe``);
     - ``"pipeline"`` (after ``trace`` and ``cut_pipeline_stage``): this rank's stage on
       ``torch.distributed.pipelining``, ``(slapo.pipeline.PipelineBuild, None)``; ``kwargs`` go
       to ``slapo.pipeline.build_pipeline`` (``n_microbatches``, ``loss_fn``,
@@ -65,6 +68,13 @@ def build(sch, target: str | None = None, init_weights: bool | Callable = True,
                 broadcast=stage_group is not None, shard_group=sch.group)
         pipe.sync_tied_weights()  # tied weights held by several stages start alike
         return pipe, None
+    if target == "deepspeed":
+        from .pipeline.deepspeed_pipe import build_deepspeed_pipeline, has_cuts
+        if has_cuts(sch):  # upstream's pipeline on DeepSpeed's engine
+            def finish(module, stage_group):
+                _finish(module, init_weights, device, group=stage_group, broadcast=True,
+                        shard_group=sch.group)
+            return build_deepspeed_pipeline(sch, finish, **kwargs)
     from .framework_dialect import get_all_dialects, get_dialect_cls
     if target not in get_all_dialects("runtime_engine"):
         known = (*get_all_dialects("runtime_engine"), "pipeline")

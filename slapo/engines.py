@@ -126,6 +126,11 @@ def with_torch_linear(model: nn.Module, config: dict) -> dict:
     return config
 
 
+def config_dict(config) -> dict:
+    """DeepSpeed's configuration as a dict: given as one, or the path of a JSON file."""
+    return config if isinstance(config, dict) else json.loads(Path(config).read_text())
+
+
 def deepspeed_engine(model: nn.Module, config=None, optimizer=None,
                      zero3_layer_leaves: bool = False, topology=None, loss_fn=None,
                      **kwargs) -> tuple:
@@ -140,30 +145,30 @@ def deepspeed_engine(model: nn.Module, config=None, optimizer=None,
     ``topology`` (upstream's): DeepSpeed's ``ProcessTopology`` of the ranks (its
     ``PipeModelDataParallelTopology(num_pp=1, num_mp=, num_dp=)``), given to DeepSpeed as
     its ``mpu`` (a ``PipelineParallelGrid``), so that ZeRO partitions over the data-parallel
-    ranks only. One with pipeline stages is refused: those are ``target="pipeline"``'s, as
-    is a ``loss_fn`` (here the engine returns the model's output)."""
+    ranks only. A schedule with pipeline cuts does not come here (``build`` gives it to
+    ``slapo.pipeline.deepspeed_pipe``); without cuts, a topology with pipeline stages and a
+    ``loss_fn`` (here the engine returns the model's output) are refused."""
     if topology is not None:
         if topology.get_dim("pipe") > 1:
             raise ValueError(f"build(target='deepspeed'): the topology has "
-                             f"{topology.get_dim('pipe')} pipeline stages; pipelines are "
-                             "build(target='pipeline')'s (torch.distributed.pipelining)")
+                             f"{topology.get_dim('pipe')} pipeline stages, but the schedule "
+                             "has no pipeline cuts: trace it and cut_pipeline_stage() where "
+                             "each stage ends (DeepSpeed's pipeline engine then runs them)")
         import deepspeed
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid
 
         deepspeed.init_distributed()  # the grid makes its groups through deepspeed.comm
         kwargs["mpu"] = PipelineParallelGrid(topology=topology)
     if loss_fn is not None:
-        raise ValueError("build(target='deepspeed'): loss_fn is for pipeline stages "
-                         "(target='pipeline'); the engine returns the model's output, whose "
-                         "loss the training loop computes")
+        raise ValueError("build(target='deepspeed'): loss_fn is for pipeline stages (a "
+                         "schedule with cuts); without them the engine returns the model's "
+                         "output, whose loss the training loop computes")
     if config is None:
         raise ValueError("build(target='deepspeed') needs config=, DeepSpeed's configuration "
                          "(a dict or the path of a JSON file)")
     import deepspeed
 
-    if not isinstance(config, dict):
-        config = json.loads(Path(config).read_text())
-    config = with_torch_linear(model, with_zero3_leaves(model, config,
+    config = with_torch_linear(model, with_zero3_leaves(model, config_dict(config),
                                                         layers=zero3_layer_leaves))
 
     params = [p for p in model.parameters() if p.requires_grad] if optimizer is None else None

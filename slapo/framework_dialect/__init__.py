@@ -10,9 +10,11 @@ A dialect is registered under a kind and a target framework and fetched with
 - ``"log_parser"``: a class whose ``parse_log(path)`` reads a training log of
   ``"deepspeed"`` or ``"megatron"`` into ``(params_per_gpu, samples_per_sec, gpu_mem_gb,
   error_code)`` (error 0: parsed, 1: out of memory, 2: no throughput in the log);
-- ``"pipeline_stage"``, ``"pipeline_engine"``: none. Pipelines run on
-  ``torch.distributed.pipelining`` here, not DeepSpeed's pipeline engine:
-  ``build(sch, target="pipeline", topology=slapo.Topology(dp=, pp=, tp=))``.
+- ``"pipeline_stage"``, ``"pipeline_engine"``: none. ``build`` makes pipelines itself: on
+  DeepSpeed's pipeline engine as upstream did (``build(sch, target="deepspeed",
+  topology=..., config=..., loss_fn=...)`` of a schedule with cuts,
+  ``slapo.pipeline.deepspeed_pipe``), or on ``torch.distributed.pipelining``
+  (``build(sch, target="pipeline", topology=slapo.Topology(dp=, pp=, tp=))``).
 
 Importing this package imports no framework; a dialect imports its framework when it runs.
 """
@@ -59,9 +61,11 @@ def get_dialect_cls(kind: str, target: str | None, allow_none: bool = False) -> 
     if allow_none and None in dialects:
         return dialects[None]
     if kind.startswith("pipeline_"):
-        raise ValueError(f"no {kind} dialect for {target!r}: pipelines run on "
-                         "torch.distributed.pipelining here; build them with build(sch, "
-                         "target='pipeline', topology=slapo.Topology(dp=, pp=, tp=))")
+        raise ValueError(f"no {kind} dialect for {target!r}: build makes pipelines itself, "
+                         "on DeepSpeed's engine with build(sch, target='deepspeed', "
+                         "topology=, config=, loss_fn=) of a schedule with cuts, or on "
+                         "torch.distributed.pipelining with build(sch, target='pipeline', "
+                         "topology=slapo.Topology(dp=, pp=, tp=))")
     known = ", ".join(repr(t) for t in dialects) or "none"
     raise ValueError(f"no {kind} dialect for {target!r}; registered: {known}")
 

@@ -43,8 +43,10 @@ def create_dist_group_for_pipeline(num_pp: int, num_mp: int) -> tuple[Topology, 
     group, to create the schedule with. Collective: every rank calls it.
 
     Returns a ``slapo.Topology`` (its ``get_dim`` speaks DeepSpeed's axis names) rather than
-    DeepSpeed's ``PipeModelDataParallelTopology``, because the pipeline runs on
-    ``torch.distributed.pipelining`` here: ``build(sch, target="pipeline", topology=...)``."""
+    DeepSpeed's ``PipeModelDataParallelTopology``: it holds the process groups that both
+    pipelines take, ``build(sch, target="deepspeed", topology=...)`` (DeepSpeed's engine, as
+    upstream) and ``build(sch, target="pipeline", topology=...)``
+    (``torch.distributed.pipelining``)."""
     world = dist.get_world_size()
     if world % (num_pp * num_mp):
         raise ValueError(f"{num_pp} stages x {num_mp} tensor-parallel ranks do not divide the "

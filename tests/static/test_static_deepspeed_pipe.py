@@ -1,0 +1,166 @@
+"""Upstream Slapo's pipeline on DeepSpeed's engine (``build(sch, target="deepspeed",
+topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.train_batch``) on
+4 gloo CPU ranks, one spawn for every check:
+
+- pipeline 2 x tensor 2 of a tiny GPT-Neo (dropout off), tensor-parallel by its family
+  schedule over the topology's tensor groups, traced whole and cut after its first layer:
+  its stages pass ints (carried as tensors) and its LM head is tied to its word embedding
+  (both stages hold the weight; DeepSpeed's engine sums their gradients); and of a tiny
+  LLaMA, whose stages pass the rotary embeddings (floats that need no gradient);
+- data 2 x pipeline 2 of the GPT-Neo, given DeepSpeed's own
+  ``PipeModelDataParallelTopology``;
+- misuse (no topology, no config, no loss, stages the topology does not have): an error
+  saying what to pass, before DeepSpeed starts.
+
+Each trains 3 SGD steps (the optimizer given to ``build`` as a function of the parameters,
+which DeepSpeed calls), 2 micro-batches a step per replica, and must give the plain model's
+losses under the same SGD on the whole batch, within a relative 1e-5 at each step: a gradient
+off anywhere (a tie not summed, a shard not reduced) changes the next step's loss.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from distributed import run_ranks
+from torch import nn
+
+import slapo
+from slapo.model_schedule import schedule_model
+from slapo_ae.zoo import build_model, no_dropout, synthetic_batch
+
+pytestmark = pytest.mark.slow
+
+TOL = 1e-5
+STEPS, BATCH, MICRO, SEQ = 3, 4, 2, 20
+LR = 0.1
+CLIP = 1.0  # below the gradients' norm (about 3): every step is clipped
+CUTS = {"llama-tiny": "model.layers.0", "gpt-neo-tiny": "transformer.h.0"}
+
+
+def _model(name):
+    torch.manual_seed(0)
+    return build_model(name, **no_dropout(name))
+
+
+def _batch(name, step):
+    batch = synthetic_batch(name, BATCH, SEQ, seed=10 + step)
+    return batch["input_ids"], batch["attention_mask"], batch["labels"]
+
+
+def causal_loss(output, labels):
+    logits = output[0] if isinstance(output, (tuple, list)) else output
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                           labels[:, 1:].reshape(-1))
+
+
+def _train(name, dp, pp, tp, deepspeed_topology=False):
+    topo = slapo.Topology(dp=dp, pp=pp, tp=tp)
+    sch = slapo.create_schedule(_model(name), group=topo.tensor_group)
+    schedule_model(sch, tensor_parallel=True, shard_embedding=False)
+    ids, mask, _ = _batch(name, 99)
+    sch.trace(example_inputs={"input_ids": ids[:2], "attention_mask": mask[:2]},
+              concrete_args={"use_cache": False, "return_dict": False})
+    sch[CUTS[name]].cut_pipeline_stage()
+    if deepspeed_topology:
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+        topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+    else:
+        topology = topo
+    config = {"train_batch_size": BATCH, "train_micro_batch_size_per_gpu": MICRO // dp,
+              "gradient_accumulation_steps": BATCH // MICRO, "gradient_clipping": CLIP,
+              "steps_per_print": 10 ** 6}
+    engine, _ = slapo.build(sch, target="deepspeed", topology=topology, config=config,
+                            loss_fn=causal_loss, init_weights=False,
+                            optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+    share = MICRO // dp
+    losses = []
+    for step in range(STEPS):
+        ids, mask, labels = _batch(name, step)
+        micro = []
+        for start in range(0, BATCH, MICRO):  # this replica's rows of each micro-batch
+            rows = slice(start + topo.data_rank * share, start + (topo.data_rank + 1) * share)
+            micro.append(((ids[rows], mask[rows]), labels[rows]))
+        losses.append(engine.train_batch(data_iter=iter(micro)).item())
+    return losses
+
+
+class _Chain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x)))
+
+
+def _misuse():
+    """The message of each misuse (every rank raises the same, before DeepSpeed starts)."""
+    topo = slapo.Topology(dp=2, pp=2)
+    config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1}
+
+    def attempt(cuts=("a",), **kwargs):
+        sch = slapo.create_schedule(_Chain(), group=topo.tensor_group)
+        sch.trace(example_inputs=(torch.randn(2, 4),))
+        for cut in cuts:
+            sch[cut].cut_pipeline_stage()
+        try:
+            slapo.build(sch, target="deepspeed", init_weights=False, **kwargs)
+        except ValueError as err:
+            return str(err)
+    return {"no topology": attempt(config=config, loss_fn=F.mse_loss),
+            "stages": attempt(("a", "b"), topology=topo, config=config, loss_fn=F.mse_loss),
+            "no loss": attempt(topology=topo, config=config),
+            "no config": attempt(topology=topo, loss_fn=F.mse_loss)}
+
+
+def _all():
+    import os
+
+    import torch.distributed as dist
+
+    os.environ["LOCAL_RANK"] = str(dist.get_rank())  # DeepSpeed reads it (torchrun sets it)
+    return {"gpt_neo": _train("gpt-neo-tiny", dp=1, pp=2, tp=2),
+            "llama": _train("llama-tiny", dp=1, pp=2, tp=2),
+            "gpt_neo_dp": _train("gpt-neo-tiny", dp=2, pp=2, tp=1, deepspeed_topology=True),
+            "misuse": _misuse()}
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_ranks(_all, world_size=4)
+
+
+def _plain_losses(name):
+    model = _model(name)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for step in range(STEPS):
+        ids, mask, labels = _batch(name, step)
+        loss = causal_loss(model(input_ids=ids, attention_mask=mask, return_dict=False), labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("run,name", [("gpt_neo", "gpt-neo-tiny"), ("llama", "llama-tiny"),
+                                      ("gpt_neo_dp", "gpt-neo-tiny")])
+def test_deepspeed_pipeline_trains_like_the_plain_model(ranks, run, name):
+    plain = _plain_losses(name)
+    for rank, result in enumerate(ranks):
+        for step, (mine, expected) in enumerate(zip(result[run], plain)):
+            err = abs(mine - expected) / abs(expected)
+            assert err <= TOL, f"{run} rank {rank} step {step}: loss {mine} vs {expected}"
+
+
+def test_misuse_is_a_clear_error(ranks):
+    for result in ranks:
+        errors = result["misuse"]
+        assert errors["no topology"].startswith("build(target='deepspeed') of a schedule with "
+                                                "pipeline cuts needs topology=")
+        assert errors["stages"] == "3 pipeline stages (2 cuts) for a topology with pp=2"
+        assert errors["no loss"].startswith("build(target='deepspeed') of a pipeline needs "
+                                            "loss_fn(outputs, labels)")
+        assert errors["no config"].startswith("build(target='deepspeed') needs config=")
