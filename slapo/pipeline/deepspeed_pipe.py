@@ -93,6 +93,18 @@ def _mark_for_the_gradient_norm(module: nn.Module, ties, topology: Topology) -> 
             sharded or topology.tensor_rank == 0)
 
 
+def model_loss(outputs, labels):
+    """The loss the model computed itself, as DeepSpeed takes it without a ``loss_fn``: the
+    last stage's output, or its first tensor (a transformers model traced with its labels
+    gives its loss first); the micro-batch's labels are not used."""
+    loss = outputs[0] if isinstance(outputs, tuple) else outputs
+    if loss.dim() != 0:
+        raise ValueError(f"the last pipeline stage gives no loss (its output has shape "
+                         f"{tuple(loss.shape)}): pass build(..., loss_fn=fn(outputs, labels)), "
+                         "or trace the model with its labels so that it computes its loss")
+    return loss
+
+
 def has_cuts(sch) -> bool:
     """True when the schedule's root was cut into pipeline stages."""
     from .partition import pipeline_cuts
@@ -115,7 +127,8 @@ def build_deepspeed_pipeline(sch, finish, topology=None, config=None, loss_fn=No
     tensor-parallel ranks (``pipeline.pipe_partitioned``, ``grad_partitioned``) is off unless
     it turns it on (it takes stages that pass one tensor that needs a gradient).
     ``loss_fn(outputs, labels)`` runs on the last stage (default: the loss the schedule took
-    from the model when its root was traced, if any). ``finish(module, group)`` initialises
+    from the model when its root was traced, if any, else the model's own, ``model_loss``,
+    as upstream passed ``loss_fn=None`` to DeepSpeed). ``finish(module, group)`` initialises
     this rank's stage (``build``'s ``init_weights``), the same on every rank of the stage.
     Other keyword arguments go to ``deepspeed.initialize``."""
     import deepspeed
@@ -138,10 +151,7 @@ def build_deepspeed_pipeline(sch, finish, topology=None, config=None, loss_fn=No
         raise ValueError(f"{len(stages)} pipeline stages ({len(stages) - 1} cuts) for a "
                          f"topology with pp={topology.pp}")
     if loss_fn is None:
-        loss_fn = state.pipeline_loss(sch.root)
-    if loss_fn is None:
-        raise ValueError("build(target='deepspeed') of a pipeline needs loss_fn(outputs, "
-                         "labels): DeepSpeed's engine computes the loss on the last stage")
+        loss_fn = state.pipeline_loss(sch.root) or model_loss
     index = topology.stage_index
     module = stages[index]
     if index == topology.pp - 1:

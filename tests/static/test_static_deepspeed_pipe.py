@@ -9,8 +9,11 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   LLaMA, whose stages pass the rotary embeddings (floats that need no gradient);
 - data 2 x pipeline 2 of the GPT-Neo, given DeepSpeed's own
   ``PipeModelDataParallelTopology``;
-- misuse (no topology, no config, no loss, stages the topology does not have): an error
-  saying what to pass, before DeepSpeed starts.
+- data 2 x pipeline 2 of the LLaMA traced with its labels and built with ``loss_fn=None``
+  (upstream's call): the model's own loss;
+- misuse (no topology, no config, stages the topology does not have): an error saying what
+  to pass, before DeepSpeed starts; a last stage that gives no loss without ``loss_fn``: an
+  error saying so.
 
 Each trains 3 SGD steps (the optimizer given to ``build`` as a function of the parameters,
 which DeepSpeed calls), 2 micro-batches a step per replica, and must give the plain model's
@@ -53,13 +56,15 @@ def causal_loss(output, labels):
                            labels[:, 1:].reshape(-1))
 
 
-def _train(name, dp, pp, tp, deepspeed_topology=False):
+def _train(name, dp, pp, tp, deepspeed_topology=False, model_loss=False):
     topo = slapo.Topology(dp=dp, pp=pp, tp=tp)
     sch = slapo.create_schedule(_model(name), group=topo.tensor_group)
     schedule_model(sch, tensor_parallel=True, shard_embedding=False)
-    ids, mask, _ = _batch(name, 99)
-    sch.trace(example_inputs={"input_ids": ids[:2], "attention_mask": mask[:2]},
-              concrete_args={"use_cache": False, "return_dict": False})
+    ids, mask, labels = _batch(name, 99)
+    inputs = {"input_ids": ids[:2], "attention_mask": mask[:2]}
+    if model_loss:  # traced with its labels, the model computes its loss
+        inputs["labels"] = labels[:2]
+    sch.trace(example_inputs=inputs, concrete_args={"use_cache": False, "return_dict": False})
     sch[CUTS[name]].cut_pipeline_stage()
     if deepspeed_topology:
         from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
@@ -70,7 +75,7 @@ def _train(name, dp, pp, tp, deepspeed_topology=False):
               "gradient_accumulation_steps": BATCH // MICRO, "gradient_clipping": CLIP,
               "steps_per_print": 10 ** 6}
     engine, _ = slapo.build(sch, target="deepspeed", topology=topology, config=config,
-                            loss_fn=causal_loss, init_weights=False,
+                            loss_fn=None if model_loss else causal_loss, init_weights=False,
                             optimizer=lambda params: torch.optim.SGD(params, lr=LR))
     share = MICRO // dp
     losses = []
@@ -79,7 +84,9 @@ def _train(name, dp, pp, tp, deepspeed_topology=False):
         micro = []
         for start in range(0, BATCH, MICRO):  # this replica's rows of each micro-batch
             rows = slice(start + topo.data_rank * share, start + (topo.data_rank + 1) * share)
-            micro.append(((ids[rows], mask[rows]), labels[rows]))
+            inputs = (ids[rows], mask[rows], labels[rows]) if model_loss else \
+                (ids[rows], mask[rows])
+            micro.append((inputs, labels[rows]))
         losses.append(engine.train_batch(data_iter=iter(micro)).item())
     return losses
 
@@ -109,7 +116,6 @@ def _misuse():
             return str(err)
     return {"no topology": attempt(config=config, loss_fn=F.mse_loss),
             "stages": attempt(("a", "b"), topology=topo, config=config, loss_fn=F.mse_loss),
-            "no loss": attempt(topology=topo, config=config),
             "no config": attempt(topology=topo, loss_fn=F.mse_loss)}
 
 
@@ -122,6 +128,7 @@ def _all():
     return {"gpt_neo": _train("gpt-neo-tiny", dp=1, pp=2, tp=2),
             "llama": _train("llama-tiny", dp=1, pp=2, tp=2),
             "gpt_neo_dp": _train("gpt-neo-tiny", dp=2, pp=2, tp=1, deepspeed_topology=True),
+            "model_loss": _train("llama-tiny", dp=2, pp=2, tp=1, model_loss=True),
             "misuse": _misuse()}
 
 
@@ -146,7 +153,8 @@ def _plain_losses(name):
 
 
 @pytest.mark.parametrize("run,name", [("gpt_neo", "gpt-neo-tiny"), ("llama", "llama-tiny"),
-                                      ("gpt_neo_dp", "gpt-neo-tiny")])
+                                      ("gpt_neo_dp", "gpt-neo-tiny"),
+                                      ("model_loss", "llama-tiny")])
 def test_deepspeed_pipeline_trains_like_the_plain_model(ranks, run, name):
     plain = _plain_losses(name)
     for rank, result in enumerate(ranks):
@@ -161,6 +169,14 @@ def test_misuse_is_a_clear_error(ranks):
         assert errors["no topology"].startswith("build(target='deepspeed') of a schedule with "
                                                 "pipeline cuts needs topology=")
         assert errors["stages"] == "3 pipeline stages (2 cuts) for a topology with pp=2"
-        assert errors["no loss"].startswith("build(target='deepspeed') of a pipeline needs "
-                                            "loss_fn(outputs, labels)")
         assert errors["no config"].startswith("build(target='deepspeed') needs config=")
+
+
+def test_without_loss_fn_the_last_stage_must_give_the_models_loss():
+    from slapo.pipeline.deepspeed_pipe import model_loss
+
+    loss = torch.tensor(2.5)
+    assert model_loss((loss, torch.ones(2, 3)), None) is loss
+    with pytest.raises(ValueError, match=r"the last pipeline stage gives no loss \(its output "
+                                         r"has shape \(2, 3\)\): pass build\(..., loss_fn="):
+        model_loss(torch.ones(2, 3), None)
