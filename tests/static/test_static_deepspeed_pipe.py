@@ -11,6 +11,8 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   ``PipeModelDataParallelTopology``;
 - data 2 x pipeline 2 of the LLaMA traced with its labels and built with ``loss_fn=None``
   (upstream's call): the model's own loss;
+- data 2 x pipeline 2 of the GPT-Neo made on the meta device and initialised by ``build``
+  (upstream's way): a stage's replicas start alike, the tied LM head as the embedding;
 - misuse (no topology, no config, stages the topology does not have): an error saying what
   to pass, before DeepSpeed starts; a last stage that gives no loss without ``loss_fn``: an
   error saying so.
@@ -20,6 +22,8 @@ which DeepSpeed calls), 2 micro-batches a step per replica, and must give the pl
 losses under the same SGD on the whole batch, within a relative 1e-5 at each step: a gradient
 off anywhere (a tie not summed, a shard not reduced) changes the next step's loss.
 """
+
+import math
 
 import pytest
 import torch
@@ -91,6 +95,31 @@ def _train(name, dp, pp, tp, deepspeed_topology=False, model_loss=False):
     return losses
 
 
+def _from_meta(name="gpt-neo-tiny"):
+    """Upstream's way: the model made on the meta device, ``build`` with ``init_weights``
+    (drawn from a different seed on every rank)."""
+    topo = slapo.Topology(dp=2, pp=2, tp=1)
+    torch.manual_seed(100 + topo.rank)
+    with slapo.init_empty_weights():
+        model = build_model(name, **no_dropout(name))
+    sch = slapo.create_schedule(model, group=topo.tensor_group)
+    schedule_model(sch, tensor_parallel=True, shard_embedding=False)
+    ids, mask, labels = _batch(name, 99)
+    sch.trace(example_inputs={"input_ids": ids[:2], "attention_mask": mask[:2]},
+              concrete_args={"use_cache": False, "return_dict": False})
+    sch[CUTS[name]].cut_pipeline_stage()
+    config = {"train_batch_size": BATCH, "train_micro_batch_size_per_gpu": 1,
+              "steps_per_print": 10 ** 6}
+    engine, _ = slapo.build(sch, target="deepspeed", topology=topo, config=config,
+                            loss_fn=causal_loss, init_weights=model._init_weights,
+                            optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+    weights = {n.split(".", 2)[2]: p.detach().clone() for n, p in engine.module.named_parameters()}
+    rows = slice(topo.data_rank * 2, topo.data_rank * 2 + 2)
+    micro = [((ids[rows][i:i + 1], mask[rows][i:i + 1]), labels[rows][i:i + 1]) for i in range(2)]
+    loss = engine.train_batch(data_iter=iter(micro)).item()
+    return topo.stage_index, weights, loss
+
+
 class _Chain(nn.Module):
     def __init__(self):
         super().__init__()
@@ -129,7 +158,7 @@ def _all():
             "llama": _train("llama-tiny", dp=1, pp=2, tp=2),
             "gpt_neo_dp": _train("gpt-neo-tiny", dp=2, pp=2, tp=1, deepspeed_topology=True),
             "model_loss": _train("llama-tiny", dp=2, pp=2, tp=1, model_loss=True),
-            "misuse": _misuse()}
+            "meta": _from_meta(), "misuse": _misuse()}
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +209,21 @@ def test_without_loss_fn_the_last_stage_must_give_the_models_loss():
     with pytest.raises(ValueError, match=r"the last pipeline stage gives no loss \(its output "
                                          r"has shape \(2, 3\)\): pass build\(..., loss_fn="):
         model_loss(torch.ones(2, 3), None)
+
+
+def test_a_meta_model_gets_storage_and_the_same_weights_on_a_stages_replicas(ranks):
+    """Each rank draws from its own seed; a stage starts alike on its ranks (``build``
+    broadcasts over them, and DeepSpeed's engine over the replicas), and the LM head starts
+    as the word embedding, which it is tied to in the other stage (``build`` broadcasts it
+    from the first stage: without that it differs)."""
+    stages = [result["meta"] for result in ranks]
+    assert [stage for stage, _, _ in stages] == [0, 0, 1, 1]
+    for first, second in ((stages[0], stages[1]), (stages[2], stages[3])):
+        assert first[1].keys() == second[1].keys()
+        assert all(torch.equal(first[1][n], second[1][n]) for n in first[1])
+    embedding = stages[0][1]["transformer.wte.weight"]
+    head = [w for n, w in stages[2][1].items() if w.shape == embedding.shape]
+    assert len(head) == 1 and torch.equal(head[0], embedding)
+    assert not embedding.is_meta and embedding.abs().sum() > 0
+    losses = {loss for _, _, loss in stages}
+    assert len(losses) == 1 and all(math.isfinite(x) for x in losses)
