@@ -1,7 +1,9 @@
-"""Pipeline parallelism from a traced model, in two parts: ``partition`` cuts the graph into
-stages (``split_stages``; upstream Slapo's ``generate_pipeline_partition``), ``runtime`` runs
-them (``build_pipeline`` on ``torch.distributed.pipelining``, tied weights across stages,
-gradient reduction). The names upstream code reads from ``slapo.pipeline`` are here."""
+"""Pipeline parallelism from a traced model: ``partition`` cuts the graph into stages
+(``split_stages``; upstream Slapo's ``generate_pipeline_partition``), ``runtime`` runs them
+(``build_pipeline`` on ``torch.distributed.pipelining``, tied weights across stages,
+gradient reduction), and ``deepspeed_pipe`` runs them on DeepSpeed's pipeline engine instead,
+as upstream did (``build(sch, target="deepspeed")`` of a cut schedule; imported only then,
+since it needs DeepSpeed). The names upstream code reads from ``slapo.pipeline`` are here."""
 
 from .partition import (
     CARRIED,
