@@ -205,3 +205,14 @@ class Together(nn.Module):
 
     def forward(self, x):
         return self.q(x), self.k(x), self.v(x)
+
+
+class Chain(nn.Module):
+    """Three Linear layers in a row, to cut into pipeline stages in the misuse tests."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x)))

@@ -38,7 +38,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from distributed import run_ranks
-from torch import nn
+from static_models import Chain
 
 import slapo
 from slapo.model_schedule import schedule_model
@@ -114,17 +114,8 @@ def _train(name, dp, pp, tp, init_weights=False, cuts=None, shard_embedding=Fals
             "compiled_graphs": counters["stats"]["unique_graphs"] - graphs_before}
 
 
-class _Chain(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
-
-    def forward(self, x):
-        return self.c(self.b(self.a(x)))
-
-
 def _chain(group, cuts=("a",)):
-    sch = slapo.create_schedule(_Chain(), group=group)
+    sch = slapo.create_schedule(Chain(), group=group)
     sch.trace(example_inputs=(torch.randn(2, 4),))
     for cut in cuts:
         sch[cut].cut_pipeline_stage()

@@ -29,7 +29,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from distributed import run_ranks
-from torch import nn
+from static_models import Chain
 
 import slapo
 from slapo.model_schedule import schedule_model
@@ -120,22 +120,13 @@ def _from_meta(name="gpt-neo-tiny"):
     return topo.stage_index, weights, loss
 
 
-class _Chain(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
-
-    def forward(self, x):
-        return self.c(self.b(self.a(x)))
-
-
 def _misuse():
     """The message of each misuse (every rank raises the same, before DeepSpeed starts)."""
     topo = slapo.Topology(dp=2, pp=2)
     config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 1}
 
     def attempt(cuts=("a",), **kwargs):
-        sch = slapo.create_schedule(_Chain(), group=topo.tensor_group)
+        sch = slapo.create_schedule(Chain(), group=topo.tensor_group)
         sch.trace(example_inputs=(torch.randn(2, 4),))
         for cut in cuts:
             sch[cut].cut_pipeline_stage()
