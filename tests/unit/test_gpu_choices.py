@@ -41,6 +41,19 @@ def test_adamw_is_fused_on_cuda_and_the_record_says_which_implementation():
     assert base.optimizer_name(explicit) == "torch.optim.adamw.AdamW (foreach)"
 
 
+def test_zero3_systems_clip_no_gradients_as_no_other_system_does():
+    """DeepSpeed's engine clips the gradients' norm at 1.0 by default; the ZeRO-3 systems'
+    configuration turns it off, so that every system runs the same training loop."""
+    from deepspeed.runtime.config import get_gradient_clipping
+
+    from slapo_ae.harness.systems.deepspeed_zero3 import ds_config
+
+    assert get_gradient_clipping({}) == 1.0  # DeepSpeed's default, which the harness overrides
+    for device, dtype in (("cpu", "fp32"), ("cuda", "bf16"), ("cuda", "fp16")):
+        config = ds_config(_spec("deepspeed", device=device, dtype=dtype), micro_batch=2)
+        assert get_gradient_clipping(config) == 0.0
+
+
 class _Trainer(base.NativeTrainer):
     def setup(self):
         self.model = torch.nn.Linear(2, 2)

@@ -85,6 +85,35 @@ def test_analyze_tie_ranks_pairs_the_same_position_of_each_stage():
         slapo.pipeline.analyze_tie_ranks(groups, _Topo(dp=2, pp=1, tp=1))
 
 
+def test_the_deepspeed_dialects_analyze_tie_ranks_gives_ranks_and_stages():
+    """Upstream's DeepSpeed dialect form, ``(tie_ranks, tie_stages)``, from DeepSpeed's own
+    topology (``filter_match``) or ours, for upstream's later ``analyze_tie_weights`` groups:
+    4 stages x 2 tensor ranks, the embedding tied from stage 0 to 3, a layer from 1 to 2."""
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    from slapo.framework_dialect.deepspeed.pipeline import analyze_tie_ranks
+
+    model = nn.Module()
+    model.first, model.second, model.third, model.fourth = \
+        _Stage0(), _StageN(), _StageN(), _StageN()
+    model.fourth.linear.weight = model.first.wte.weight
+    model.third.linear.weight = model.second.linear.weight
+    groups = list(slapo.pipeline.analyze_tie_weights(model, True).values())
+    expected = ([[[0, 6], [1, 7]], [[2, 4], [3, 5]]], [[0, 3], [1, 2]])
+    topology = PipeModelDataParallelTopology(num_pp=4, num_mp=2, num_dp=1)
+    assert analyze_tie_ranks(groups, topology) == expected
+    assert analyze_tie_ranks(groups, _Topo(dp=1, pp=4, tp=2)) == expected
+
+
+def test_model_dialect_is_upstreams_other_name_for_the_framework_dialects():
+    import importlib
+
+    pipeline = importlib.import_module("slapo.model_dialect.deepspeed.pipeline")
+    assert pipeline is slapo.framework_dialect.deepspeed.pipeline
+    assert slapo.model_dialect.get_dialect_cls is slapo.framework_dialect.get_dialect_cls
+    assert slapo.model_dialect.deepspeed.pipeline.analyze_tie_ranks is pipeline.analyze_tie_ranks
+
+
 def test_pipeline_keeps_upstream_names_over_its_two_modules():
     from slapo.pipeline import partition, runtime
     assert slapo.pipeline.split_stages is partition.split_stages

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ...engines import deepspeed_engine
 from .. import logs, register_framework_dialect
+from . import pipeline  # noqa: F401  (upstream's scripts reach it as an attribute)
 
 register_framework_dialect("deepspeed", "runtime_engine")(deepspeed_engine)
 

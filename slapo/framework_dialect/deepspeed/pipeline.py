@@ -1,11 +1,12 @@
-"""Upstream Slapo's helpers for DeepSpeed scripts: a DeepSpeed config (``get_ds_config``) and
-the process groups of a pipeline (``create_dist_group_for_pipeline``)."""
+"""Upstream Slapo's helpers for DeepSpeed scripts: a DeepSpeed config (``get_ds_config``), the
+process groups of a pipeline (``create_dist_group_for_pipeline``) and the ranks of tied
+weights (``analyze_tie_ranks``, this dialect's form: the ranks and the stages)."""
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
-from ...pipeline.runtime import analyze_tie_ranks
+from ...pipeline import runtime
 from ...topology import Topology
 
 __all__ = ["analyze_tie_ranks", "create_dist_group_for_pipeline", "get_ds_config"]
@@ -53,3 +54,18 @@ def create_dist_group_for_pipeline(num_pp: int, num_mp: int) -> tuple[Topology, 
                          f"{world} ranks")
     topology = Topology(dp=world // (num_pp * num_mp), pp=num_pp, tp=num_mp)
     return topology, topology.tensor_group
+
+
+def analyze_tie_ranks(tie_weights: list, topology) -> tuple[list, list]:
+    """Upstream's DeepSpeed dialect's analysis of tied weights: for each group of
+    ``(name, stage)`` holders (``slapo.pipeline.analyze_tie_weights``, either form's groups),
+    the ranks that keep it equal, one sorted list per position within a stage, and the
+    stages that hold it, sorted: ``(tie_ranks, tie_stages)`` (``slapo.pipeline``'s
+    ``analyze_tie_ranks`` gives the first alone). A stage's ranks come from DeepSpeed's
+    ``topology.filter_match(pipe=stage)``, or from a ``slapo.Topology``'s layout."""
+    tie_stages = [sorted({stage for _, stage in holders}) for holders in tie_weights]
+    if not hasattr(topology, "filter_match"):  # not DeepSpeed's ProcessTopology
+        return runtime.analyze_tie_ranks(tie_weights, topology), tie_stages
+    tie_ranks = [[sorted(ranks) for ranks in zip(*(topology.filter_match(pipe=k) for k in stages))]
+                 for stages in tie_stages]
+    return tie_ranks, tie_stages
