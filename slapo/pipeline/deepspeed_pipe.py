@@ -17,14 +17,13 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .. import state
 from ..engines import config_dict
 from ..topology import Topology
-from .partition import shared_parameters, split_stages
-from .runtime import _check_tensor_group, _plain_last_output, _ties
+from .partition import pipeline_cuts, shared_parameters, split_stages
+from .runtime import _check_tensor_group, _plain_last_output, _ties, sync_ties
 
 
 class DeepSpeedStage(nn.Module):
@@ -107,8 +106,6 @@ def model_loss(outputs, labels):
 
 def has_cuts(sch) -> bool:
     """True when the schedule's root was cut into pipeline stages."""
-    from .partition import pipeline_cuts
-
     root = sch.root
     return state.is_pipeline_partition(root.mod) or bool(pipeline_cuts(root))
 
@@ -159,9 +156,7 @@ def build_deepspeed_pipeline(sch, finish, topology=None, config=None, loss_fn=No
     finish(module, topology.stage_group)
     ties = _ties(shared_parameters(stages), index, topology.ranks("pipe"),
                  topology.pipeline_group, module)
-    with torch.no_grad():  # every copy of a tied weight starts as its first holder's
-        for tie in ties:
-            dist.broadcast(tie.param.data, src=tie.src, group=tie.group)
+    sync_ties(ties)  # every copy of a tied weight starts as its first holder's
     _mark_for_the_gradient_norm(module, ties, topology)
 
     deepspeed.init_distributed()

@@ -106,9 +106,14 @@ class PipelineBuild:
     def sync_tied_weights(self) -> None:
         """Give every copy of a tied parameter the first holder's value (``build`` calls it
         once the weights are initialised)."""
-        with torch.no_grad():
-            for tie in self.ties:
-                dist.broadcast(tie.param.data, src=tie.src, group=tie.group)
+        sync_ties(self.ties)
+
+
+def sync_ties(ties: list[Tie]) -> None:
+    """Give each ``Tie``'s parameter its first holder's value (on every rank of its group)."""
+    with torch.no_grad():
+        for tie in ties:
+            dist.broadcast(tie.param.data, src=tie.src, group=tie.group)
 
 
 def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
