@@ -168,9 +168,12 @@ def build_deepspeed_pipeline(sch, finish, topology=None, config=None, loss_fn=No
             # the engine all-reduces these gradients over their groups after the backward
             return [(tie.param, tie.group) for tie in ties]
 
+    # DeepSpeed builds only this rank's layer; the others are placeholders, so that the engine
+    # keeps no reference to the other stages' modules and weights
     last = len(stages) - 1
-    model = _Stages([DeepSpeedStage(stage, k == 0, k == last) for k, stage in enumerate(stages)],
-                    topology=ds_topology, loss_fn=loss_fn, partition_method="uniform")
+    layers = [pipe.LayerSpec(nn.Identity) for _ in stages]
+    layers[index] = DeepSpeedStage(module, index == 0, index == last)
+    model = _Stages(layers, topology=ds_topology, loss_fn=loss_fn, partition_method="uniform")
     # DeepSpeed splits a stage's first output over the tensor-parallel ranks by default, for
     # stages whose other outputs need no gradient; a stage here may pass several that do
     config = copy.deepcopy(config_dict(config))

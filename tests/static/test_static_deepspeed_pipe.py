@@ -13,6 +13,8 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   (upstream's call): the model's own loss;
 - data 2 x pipeline 2 of the GPT-Neo made on the meta device and initialised by ``build``
   (upstream's way): a stage's replicas start alike, the tied LM head as the embedding;
+- in each of the first four, once the schedule is dropped, a rank keeps its own stage's
+  layers and not the other stage's (weak references to a weight of each layer);
 - misuse (no topology, no config, stages the topology does not have): an error saying what
   to pass, before DeepSpeed starts; a last stage that gives no loss without ``loss_fn``: an
   error saying so.
@@ -23,7 +25,9 @@ losses under the same SGD on the whole batch, within a relative 1e-5 at each ste
 off anywhere (a tie not summed, a shard not reduced) changes the next step's loss.
 """
 
+import gc
 import math
+import weakref
 
 import pytest
 import torch
@@ -42,6 +46,8 @@ STEPS, BATCH, MICRO, SEQ = 3, 4, 2, 20
 LR = 0.1
 CLIP = 1.0  # below the gradients' norm (about 3): every step is clipped
 CUTS = {"llama-tiny": "model.layers.0", "gpt-neo-tiny": "transformer.h.0"}
+LAYERS = {"llama-tiny": lambda model: model.model.layers,
+          "gpt-neo-tiny": lambda model: model.transformer.h}
 
 
 def _model(name):
@@ -64,6 +70,8 @@ def _train(name, dp, pp, tp, deepspeed_topology=False, model_loss=False):
     topo = slapo.Topology(dp=dp, pp=pp, tp=tp)
     sch = slapo.create_schedule(_model(name), group=topo.tensor_group)
     schedule_model(sch, tensor_parallel=True, shard_embedding=False)
+    # a weight of each layer, as the schedule left it (tracing keeps the parameters)
+    layers = [weakref.ref(next(layer.parameters())) for layer in LAYERS[name](sch.mod)]
     ids, mask, labels = _batch(name, 99)
     inputs = {"input_ids": ids[:2], "attention_mask": mask[:2]}
     if model_loss:  # traced with its labels, the model computes its loss
@@ -81,6 +89,10 @@ def _train(name, dp, pp, tp, deepspeed_topology=False, model_loss=False):
     engine, _ = slapo.build(sch, target="deepspeed", topology=topology, config=config,
                             loss_fn=None if model_loss else causal_loss, init_weights=False,
                             optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+    del sch
+    gc.collect()
+    gc.collect()  # the trace leaves cycles that a second pass frees (measured: LLaMA's)
+    held = [layer() is not None for layer in layers]  # what the engine keeps of the model
     share = MICRO // dp
     losses = []
     for step in range(STEPS):
@@ -92,7 +104,7 @@ def _train(name, dp, pp, tp, deepspeed_topology=False, model_loss=False):
                 (ids[rows], mask[rows])
             micro.append((inputs, labels[rows]))
         losses.append(engine.train_batch(data_iter=iter(micro)).item())
-    return losses
+    return {"losses": losses, "held": held, "stage": topo.stage_index}
 
 
 def _from_meta(name="gpt-neo-tiny"):
@@ -178,9 +190,19 @@ def _plain_losses(name):
 def test_deepspeed_pipeline_trains_like_the_plain_model(ranks, run, name):
     plain = _plain_losses(name)
     for rank, result in enumerate(ranks):
-        for step, (mine, expected) in enumerate(zip(result[run], plain)):
+        for step, (mine, expected) in enumerate(zip(result[run]["losses"], plain)):
             err = abs(mine - expected) / abs(expected)
             assert err <= TOL, f"{run} rank {rank} step {step}: loss {mine} vs {expected}"
+
+
+@pytest.mark.parametrize("run", ["gpt_neo", "llama", "gpt_neo_dp", "model_loss"])
+def test_a_rank_keeps_its_own_stage_only(ranks, run):
+    """Once the schedule is dropped, the engine keeps this rank's layers and no other stage's
+    (DeepSpeed builds one layer of the stages here; it kept all of them, and so the whole
+    model on every rank, until 2026-12-05). The models have 2 layers, one per stage."""
+    for rank, result in enumerate(ranks):
+        stage = result[run]["stage"]
+        assert result[run]["held"] == [stage == 0, stage == 1], (rank, result[run])
 
 
 def test_misuse_is_a_clear_error(ranks):

@@ -18,7 +18,8 @@
 A ``megatron`` or ``slapo-megatron`` case with pipeline stages or data-parallel replicas
 (``Case.is_3d``: ``pp`` > 1, or ``tp`` below the GPUs) runs under the mode's 3D system:
 ``megatron_3d.py`` (megatron-core's pipeline schedule and parallel state) and ``slapo_3d.py``
-(Slapo's pipeline on ``torch.distributed.pipelining`` over a ``slapo.Topology``).
+(Slapo's pipeline stages on DeepSpeed's pipeline engine over a ``slapo.Topology``, as the
+paper's Slapo ran them).
 
 The protocol is in :mod:`.base`; which cases a system can run is decided by
 :func:`.support.check`, without importing torch. Modules are imported lazily: choosing

@@ -141,6 +141,11 @@ class NativeTrainer(System):
     def make_optimizer(self, params=None) -> None:
         params = list(self.model.parameters() if params is None else params)
         self.optimizer = adamw(params, self.spec.case.lr, self.ctx.device)
+        self.set_precision()
+
+    def set_precision(self) -> None:
+        """Autocast in the case's 16-bit dtype on CUDA, with a GradScaler for fp16; fp32
+        elsewhere."""
         self.autocast_dtype = None
         self.scaler = None
         if self.ctx.device.type == "cuda" and self.spec.case.dtype != "fp32":

@@ -2,7 +2,7 @@
 for a case with pipeline stages (``pp`` > 1) or data-parallel replicas (``tp`` < GPUs / pp).
 
 On every rank, with ``slapo.Topology(dp=, pp=, tp=)`` (tensor ranks consecutive, replicas
-next, stages outermost, as Megatron-LM lays them out):
+next, stages outermost, as Megatron-LM and DeepSpeed lay them out):
 
 1. the zoo model is built from the seed and its family schedule applied over the topology's
    tensor group (:func:`slapo.model_schedule.schedule_model`: tensor parallelism with the
@@ -10,30 +10,36 @@ next, stages outermost, as Megatron-LM lays them out):
    ``slapo-megatron`` does over all ranks;
 2. with pp > 1, the root is traced and cut (``cut_pipeline_stage``) after every
    ``layers / pp``-th layer (stage boundaries at layer boundaries, as even as the layer count
-   allows), and ``slapo.build(sch, target="pipeline", topology=...)`` builds this rank's stage
-   on ``torch.distributed.pipelining`` (GPipe, the case's micro-batches); the last stage
-   computes the causal-LM loss as the vocabulary-parallel cross entropy of its logits
+   allows), and ``slapo.build(sch, target="deepspeed", topology=..., config=...,
+   loss_fn=...)`` builds this rank's stage on DeepSpeed's pipeline engine, as the paper's
+   Slapo ran its pipelines: 1F1B over the case's micro-batches (``engine.train_batch``),
+   gradients averaged over the replicas and tied weights summed over their stages by the
+   engine, then its optimizer step. The last stage computes the causal-LM loss as the
+   vocabulary-parallel cross entropy of its logits
    (``slapo.op.cross_entropy.vocab_parallel_output_loss``: what ``vocab_parallel_loss``
    computed in the forward before tracing the root took it out; a plain cross entropy with
-   tp = 1); ``PipelineBuild.step`` averages the gradients over the replicas. With pp = 1
-   the scheduled model is wrapped in DDP over the data group.
+   tp = 1). With pp = 1 the scheduled model is wrapped in DDP over the data group.
 
-Each replica trains on ``batch / dp`` samples of the global batch (``micro`` per micro-batch);
-the step's loss is the mean of the last stage's micro-batch losses, broadcast along the
-pipeline so that the harness's average over ranks is the global batch's loss. Throughput is
-over the global batch. Families the pipeline splits here: :data:`LAYERS` (LLaMA, GPT-Neo);
-others with pp > 1 are ``unsupported`` (the rules are in :mod:`.support`), as are fp16 (a
-GradScaler cannot scale the loss inside the pipeline schedule's backward: use bf16) and more
-stages than layers.
+Precision and optimizer are the other systems': AdamW over fp32 parameters (DeepSpeed steps
+the torch optimizer it is given, with ZeRO off and no clipping), under ``torch.autocast`` in
+bf16 on CUDA (around ``train_batch``: DeepSpeed runs its forward inside an autocast it finds
+on). Each replica trains on ``batch / dp`` samples of the global batch (``micro`` per
+micro-batch); the step's loss is DeepSpeed's: the mean of the last stage's micro-batch losses
+over the replicas, broadcast along the pipeline, so that the harness's average over ranks is
+the global batch's loss. Throughput is over the global batch. Families the pipeline splits
+here: :data:`LAYERS` (LLaMA, GPT-Neo); others with pp > 1 are ``unsupported`` (the rules are
+in :mod:`.support`), as are fp16 (autocast in fp16 needs a loss scaler that the stages agree
+on, which the harness's torch-native systems do not have inside a pipeline: use bf16) and
+more stages than layers.
 """
 from __future__ import annotations
 
 import functools
 
 import torch
-import torch.distributed as dist
 
-from .base import NativeTrainer
+from .base import NativeTrainer, adamw
+from .deepspeed_zero3 import quiet_deepspeed
 from .slapo_tp import schedule
 from .support import PIPELINE_LAYERS
 
@@ -50,7 +56,7 @@ def stage_cuts(layers: int, pp: int) -> list[int]:
 class Slapo3DSystem(NativeTrainer):
     mode = "slapo-megatron"
     description = ("HF model + Slapo schedule in 3D: tensor parallelism inside pipeline stages "
-                   "(torch.distributed.pipelining), data parallel over replicas")
+                   "(DeepSpeed's pipeline engine, 1F1B), data parallel over replicas")
 
     # -- how the global batch is split --------------------------------------------------
     @property
@@ -81,16 +87,16 @@ class Slapo3DSystem(NativeTrainer):
         self.notes.append(f"Slapo 3D: {topo.dp} replicas x {topo.pp} stages x {topo.tp} tensor "
                           "ranks (slapo.Topology; tensor ranks consecutive, stages outermost)")
         if case.pp == 1:
-            self.pipe = None
+            self.engine = None
             inner = slapo.build_module(sch)
             self.model = torch.nn.parallel.DistributedDataParallel(
                 inner, process_group=topo.data_group,
                 device_ids=[self.ctx.device.index] if self.ctx.device.type == "cuda" else None)
             self.notes.append("no pipeline (pp=1): DDP over each tensor rank's replicas")
+            self.make_optimizer()
         else:
-            self.pipe = self._pipeline(sch)
-            self.model = self.pipe.module
-        self.make_optimizer()
+            self.engine = self._pipeline(sch)
+            self.model = self.engine.module
 
     def _pipeline(self, sch):
         import slapo
@@ -115,30 +121,42 @@ class Slapo3DSystem(NativeTrainer):
         loss = functools.partial(vocab_parallel_output_loss, kind="causal",
                                  group=self.topology.tensor_group,
                                  vocab_size=vocab_size)
-        pipe, _ = slapo.build(sch, target="pipeline", topology=self.topology,
-                              n_microbatches=case.n_microbatches, loss_fn=loss,
-                              init_weights=False, device=self.ctx.device)
+        quiet_deepspeed(self.ctx.device.type)
+        engine, self.optimizer = slapo.build(
+            sch, target="deepspeed", topology=self.topology, config=pipeline_config(case),
+            loss_fn=loss, init_weights=False,
+            optimizer=lambda params: adamw(params, case.lr, self.ctx.device))
+        self.set_precision()  # no scaler: fp16 with pipeline stages is unsupported (.support)
         self.notes.append(
             f"pipeline: {case.pp} stages cut after layers {', '.join(map(str, cuts))} "
-            f"(torch.distributed.pipelining, GPipe, {case.n_microbatches} micro-batches of "
+            f"(DeepSpeed's pipeline engine, 1F1B, {case.n_microbatches} micro-batches of "
             f"{case.micro_batch_size}); the last stage computes the vocabulary-parallel cross "
-            "entropy; gradients averaged over the replicas after the backward")
-        return pipe
+            "entropy; DeepSpeed averages the gradients over the replicas and sums the tied "
+            "weights' over their stages")
+        return engine
 
     # -- one step --------------------------------------------------------------------------
     def train_step(self, batch: dict) -> torch.Tensor:
-        if self.pipe is None:
+        if self.engine is None:
             return super().train_step(batch)
+        size = self.spec.case.micro_batch_size
+        micro_batches = [((batch["input_ids"][k:k + size], batch["attention_mask"][k:k + size]),
+                          batch["labels"][k:k + size])
+                         for k in range(0, batch["input_ids"].shape[0], size)]
         with torch.autocast(self.ctx.device.type, dtype=self.autocast_dtype,
                             enabled=self.autocast_dtype is not None):
-            losses = self.pipe.step(batch["input_ids"], batch["attention_mask"],
-                                    target=batch["labels"])
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        # the last stage has the losses; every stage reports them, so that the harness's mean
-        # over ranks is the mean over replicas
-        loss = (torch.stack(losses).mean().detach().float() if losses
-                else torch.zeros((), device=self.ctx.device))
-        dist.broadcast(loss, src=self.topology.ranks("pipe")[-1],
-                       group=self.topology.pipeline_group)
-        return loss
+            # every rank gets the step's loss: the replicas' mean, broadcast along the pipeline
+            loss = self.engine.train_batch(iter(micro_batches))
+        return loss.detach().float()
+
+
+def pipeline_config(case) -> dict:
+    """DeepSpeed's configuration of a case's pipeline: its micro-batches, ZeRO off (the
+    optimizer steps fp32 parameters, as the torch-native systems'), no gradient clipping
+    (DeepSpeed clips at 1.0 unless told otherwise; no other system clips)."""
+    return {"train_batch_size": case.batch_size,
+            "train_micro_batch_size_per_gpu": case.micro_batch_size,
+            "gradient_accumulation_steps": case.n_microbatches,
+            "gradient_clipping": 0.0,
+            "steps_per_print": 1 << 30,
+            "wall_clock_breakdown": False}

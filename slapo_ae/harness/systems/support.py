@@ -86,9 +86,9 @@ def _check_slapo_3d(spec) -> None:
     if layers < case.pp:
         raise Unsupported(f"pp={case.pp} stages for {layers} layers: a stage needs a layer")
     if case.dtype == "fp16":
-        raise Unsupported("fp16 with pipeline stages: the backward runs inside the "
-                          "pipeline schedule, where a GradScaler cannot scale the loss "
-                          "(use bf16)")
+        raise Unsupported("fp16 with pipeline stages: the backward runs inside DeepSpeed's "
+                          "pipeline engine, where the harness's GradScaler cannot scale the "
+                          "loss (use bf16)")
 
 
 def _check_hf_sdpa(spec) -> None:
