@@ -5,16 +5,29 @@ Upstream keys and what they do here:
 
 - ``fp16`` / ``bf16``: cast the model to half / bfloat16 before scheduling (both: an error);
 - ``group``: the process group of tensor parallelism (``create_schedule(model, group=)``);
+- ``schedule_key``: the family's name (``"gpt_neo"``, ...), where upstream's examples named it
+  instead of relying on the config's model name; it must agree with the model;
 - ``prefix``: the path of the base model (``"transformer"``, ``"bert"``, ...), checked to name
   a module of the model; the family schedules find their layers from the root themselves;
-- ``ckpt_ratio``: checkpoint that share of the layers, the first ones (``checkpoint_method``
-  ``"head"``); upstream's ``"uniform"`` spacing is refused for ratios strictly between 0 and 1
-  (at 0 and 1 both methods checkpoint the same layers);
+- ``ckpt_ratio``: checkpoint that share of the layers: the first ones (``checkpoint_method``
+  ``"head"``, the default here), or, as upstream's default ``"uniform"``, every
+  ``int(1 / ckpt_ratio)``-th layer from the first (BERT, RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA;
+  refused for T5 and WideResNet between 0 and 1, where the two methods differ);
+- ``pipeline_cuts``: a list of layer indices (GPT-Neo, LLaMA): the root is traced as upstream's
+  ``generate_pipeline_schedule`` traced it (``trace_for_pipeline`` down to the base model,
+  whose layers stay calls; the inputs ``input_ids``, ``attention_mask`` and ``position_ids``
+  stay arguments, in that order, every other argument is fixed at its default) and a pipeline
+  stage is cut after each listed layer; ``slapo.build(sch, target="deepspeed", topology=...)``
+  (or ``target="pipeline"``) then runs the stages;
+- ``bcast_input``: with tensor parallelism, a ``fwd_pre`` sync on the root broadcasts each
+  tensor passed positionally from the first rank of the schedule's group, as upstream's
+  ``broadcast_input`` did (a pipeline calls its stages, not the root: there it does nothing,
+  as upstream's did not);
 - ``attn_op_name``: accepted; every attention runs on ``scaled_dot_product_attention``;
 - ``delay_init``: accepted; the schedules keep the model's weights, nothing is re-created;
-- ``bcast_input``, ``sequence_parallel``, ``pipeline_cuts``, ``disable_fuse_bias_gelu``
-  (BERT's): accepted when off (False, None, empty), refused when on (not part of these
-  schedules; ``kernel_opt=False`` keeps the model's own kernels).
+- ``sequence_parallel``, ``disable_fuse_bias_gelu`` (BERT's): accepted when off (False, None),
+  refused when on (not part of these schedules; ``kernel_opt=False`` keeps the model's own
+  kernels).
 
 Keys of ``ScheduleOptions`` (``tensor_parallel``, ``shard_embedding``, ``kernel_opt``,
 ``device``, ``compile_layers``) pass through. Any other key is an error that names it.
@@ -32,6 +45,8 @@ without checkpoints).
 
 from __future__ import annotations
 
+import inspect
+
 from ..schedule import create_schedule
 from . import model_type, schedule_model
 from .registry import SCHEDULE_METHODS, get_schedule_method, short_name
@@ -39,17 +54,29 @@ from .registry import SCHEDULE_METHODS, get_schedule_method, short_name
 _OPTION_KEYS = ("tensor_parallel", "shard_embedding", "kernel_opt", "ckpt_ratio", "device",
                 "compile_layers")
 _ACCEPTED = ("fp16", "bf16", "group", "prefix", "checkpoint_method", "attn_op_name",
-             "delay_init")
-_OFF_ONLY = ("bcast_input", "sequence_parallel", "pipeline_cuts", "disable_fuse_bias_gelu")
+             "delay_init", "bcast_input", "pipeline_cuts", "schedule_key")
+_OFF_ONLY = ("sequence_parallel", "disable_fuse_bias_gelu")
+
+# Each family's list of layers, within its base model (upstream's paths below ``prefix``):
+# where upstream's uniform checkpointing and pipeline cuts find the layers.
+LAYER_LISTS = {"bert": "encoder.layer", "roberta": "encoder.layer", "gpt2": "h",
+               "gpt_neo": "h", "opt": "decoder.layers", "llama": "layers"}
+# The families whose whole model is traced and cut into pipeline stages (tested: a tiny
+# model of each trains like the plain one on DeepSpeed's pipeline engine).
+PIPELINE_FAMILIES = ("gpt_neo", "llama")
+# The arguments a pipeline's first stage takes, in this order (upstream's input names).
+PIPELINE_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
 def apply_schedule(model, model_config, **sch_config):
     """Schedule ``model`` as its family's schedule does and return the schedule (``sch``;
-    ``slapo.build(sch)`` then gives the model). The family comes from
+    ``slapo.build(sch)`` then gives the model). The family comes from ``schedule_key`` or
     ``model_config.model_type`` (a transformers config, or a dict with ``"model_type"``),
     which must agree with the model's own config. See the module docstring for the keys, and
     for models whose schedule steps are registered upstream's way."""
-    registered = _registered_name(model_config)
+    key = sch_config.get("schedule_key")
+    registered = _registered_name(model_config) if key is None else \
+        (key if SCHEDULE_METHODS.get(key) else None)
     if registered is not None:
         return _apply_registered(model, model_config, registered, sch_config)
     unknown = sorted(set(sch_config) - set(_OPTION_KEYS + _ACCEPTED + _OFF_ONLY))
@@ -64,26 +91,92 @@ def apply_schedule(model, model_config, **sch_config):
     if method not in ("head", "uniform"):
         raise ValueError(f"apply_schedule: unknown checkpoint_method {method!r}; expected "
                          "'head' or 'uniform'")
-    if method == "uniform" and 0 < ratio < 1:  # at 0 and 1 the two methods agree
-        raise NotImplementedError("apply_schedule: checkpoint_method 'uniform' (every "
-                                  "1/ckpt_ratio-th layer) not supported; the schedules "
-                                  "checkpoint the first layers ('head')")
-    family = _config_type(model_config)
+    family = sch_config.get("schedule_key") or _config_type(model_config)
     if family is None:
         raise ValueError("apply_schedule: model_config has no model_type to choose the schedule")
     own = model_type(model)
     if own is not None and own != family:
-        raise ValueError(f"apply_schedule: model_config says {family!r} but the model is a "
+        said = "schedule_key" if sch_config.get("schedule_key") else "model_config"
+        raise ValueError(f"apply_schedule: {said} says {family!r} but the model is a "
                          f"{type(model).__name__} of type {own!r}")
+    uniform = method == "uniform" and 0 < ratio < 1  # at 0 and 1 the two methods agree
+    if uniform and family not in LAYER_LISTS:
+        raise NotImplementedError(f"apply_schedule: checkpoint_method 'uniform' (every "
+                                  f"1/ckpt_ratio-th layer) not supported for {family}; its "
+                                  "schedule checkpoints the first layers ('head')")
+    cuts = sch_config.get("pipeline_cuts")
+    if cuts and family not in PIPELINE_FAMILIES:
+        raise NotImplementedError(f"apply_schedule: pipeline_cuts for {family}: the families "
+                                  f"cut into pipeline stages here are "
+                                  f"{', '.join(PIPELINE_FAMILIES)}")
     _cast(model, sch_config)
     prefix = sch_config.get("prefix", "")
     if prefix and prefix not in dict(model.named_modules()):
         raise ValueError(f"apply_schedule: prefix {prefix!r} names no module of "
                          f"{type(model).__name__}")
     sch = create_schedule(model, group=sch_config.get("group"))
-    schedule_model(sch, family, **{key: sch_config[key] for key in _OPTION_KEYS
-                                   if key in sch_config})
+    options = {key: sch_config[key] for key in _OPTION_KEYS if key in sch_config}
+    if uniform:
+        options["ckpt_ratio"] = 0.0  # checkpointed below, every 1/ratio-th layer
+    schedule_model(sch, family, **options)
+    if uniform:
+        layers = _layers(sch, family)
+        for layer in layers[::max(1, int(1 / ratio))]:
+            layer.checkpoint()
+    if sch.world_size > 1 and sch_config.get("bcast_input", False):
+        sch.sync("fwd_pre", _broadcast_inputs(sch.group))
+    if cuts:
+        _cut_pipeline_stages(sch, family, cuts)
     return sch
+
+
+def _layer_list_path(model, family: str) -> str:
+    """The path of the family's layer list in ``model`` (with or without its head)."""
+    rel = LAYER_LISTS[family]
+    paths = [name for name, _ in model.named_modules() if name == rel or name.endswith("." + rel)]
+    if not paths:
+        raise ValueError(f"apply_schedule: {type(model).__name__} has no {rel!r} layer list "
+                         f"of a {family} model")
+    return min(paths, key=len)
+
+
+def _layers(sch, family: str) -> list:
+    path = _layer_list_path(sch.mod, family)
+    return [sch[f"{path}.{i}"] for i in range(len(sch[path].mod))]
+
+
+def _broadcast_inputs(group):
+    """Upstream's ``broadcast_input`` hook: the positional tensors from the group's first rank."""
+    import torch
+    import torch.distributed as dist
+
+    src = dist.get_global_rank(group, 0)
+
+    def broadcast(module, inputs):
+        for tensor in inputs:
+            if isinstance(tensor, torch.Tensor):
+                dist.broadcast(tensor, src=src, group=group)
+        return inputs
+    return broadcast
+
+
+def _cut_pipeline_stages(sch, family: str, cuts) -> None:
+    """Upstream's ``generate_pipeline_schedule``: trace the root down to the base model (its
+    layers stay calls), its inputs ``PIPELINE_INPUTS``, and cut a stage after each layer of
+    ``cuts``."""
+    path = _layer_list_path(sch.mod, family)
+    count = len(sch[path].mod)
+    if any(not isinstance(cut, int) for cut in cuts) or list(cuts) != sorted(set(cuts)) \
+            or not all(0 <= cut < count - 1 for cut in cuts):
+        raise ValueError(f"apply_schedule: pipeline_cuts {list(cuts)} must be increasing layer "
+                         f"indices from 0 to {count - 2} (a stage is cut after each; the "
+                         f"model has {count} layers)")
+    fixed = {p.name: p.default for p in inspect.signature(sch.mod.forward).parameters.values()
+             if p.name not in PIPELINE_INPUTS
+             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    sch.trace_for_pipeline(path.rpartition(".")[0], concrete_args=fixed)
+    for cut in cuts:
+        sch[f"{path}.{cut}"].cut_pipeline_stage()
 
 
 def _config_type(model_config) -> str | None:

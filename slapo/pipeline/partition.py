@@ -202,7 +202,7 @@ def _carry_non_tensors(graph: fx.Graph, stage_of: dict[fx.Node, int], num_stages
             if k > stage:
                 later.setdefault(k, []).append(user)
         kind = n.meta.get(KIND, "unknown")
-        if not later or kind in ("tensor", "unknown"):
+        if not later or kind == "tensor":
             continue
         what = (f"the value '{n.name}' ({kind}) that crosses the pipeline cut after "
                 f"'{cuts[stage]}'")
@@ -213,8 +213,13 @@ def _carry_non_tensors(graph: fx.Graph, stage_of: dict[fx.Node, int], num_stages
                                                          _replacing(n, None))
         elif all(u.op == "call_function" and u.target is operator.getitem and
                  isinstance(u.args[1], int) for u in picks):
-            for user in picks:  # only some items of n are used later: take them out here
+            # only some items of n are used later: take them out here (also where n's kind
+            # is unknown: a layer of a model on the meta device whose sync could not run
+            # while tracing returns a tuple whose first item crosses)
+            for user in picks:
                 stage_of[user] = stage
+        elif kind == "unknown":
+            continue  # taken to be a tensor
         elif kind in ("tuple", "list") and ITEMS in n.meta:
             items = _split_items(graph, n, stage_of)
             _rebuild_in_stages(graph, n, later, stage_of, tuple if kind == "tuple" else list,

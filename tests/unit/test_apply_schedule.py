@@ -71,8 +71,10 @@ def test_half_precision_casts_the_model(key, dtype):
     ({"tensor_paralel": True, "ckpt": 1}, ValueError, r"unknown .* key\(s\) ckpt, tensor_paralel"),
     ({"fp16": True, "bf16": True}, ValueError, "both fp16 and bf16"),
     ({"sequence_parallel": True}, NotImplementedError, "sequence_parallel"),
-    ({"pipeline_cuts": [[1]]}, NotImplementedError, "pipeline_cuts"),
-    ({"checkpoint_method": "uniform", "ckpt_ratio": 0.5}, NotImplementedError, "'uniform'"),
+    ({"pipeline_cuts": [[1]]}, NotImplementedError,
+     "pipeline_cuts for gpt2: the families cut into pipeline stages here are gpt_neo, llama"),
+    ({"schedule_key": "bert"}, ValueError, "schedule_key says 'bert' but the model is a "
+                                           "GPT2LMHeadModel of type 'gpt2'"),
     ({"checkpoint_method": "every"}, ValueError, "unknown checkpoint_method 'every'"),
     ({"prefix": "gpt2"}, ValueError, "prefix 'gpt2' names no module of GPT2LMHeadModel"),
     ({"ckpt_ratio": 2.0}, ValueError, "ckpt_ratio"),
@@ -81,6 +83,59 @@ def test_bad_configs_are_refused_by_name(sch_config, error, match):
     model, config = _gpt2()
     with pytest.raises(error, match=match):
         apply_schedule(model, config, **sch_config)
+
+
+def _gpt2_layers(n_layer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=n_layer, n_head=2,
+                        bos_token_id=0, eos_token_id=0, use_cache=False)
+    return GPT2LMHeadModel(config), config
+
+
+@pytest.mark.parametrize("ratio, method, expected", [
+    (0.5, "uniform", [0, 2, 4]),  # upstream's: every int(1 / ratio)-th layer from the first
+    (0.4, "uniform", [0, 2, 4]),
+    (0.25, "uniform", [0, 4]),
+    (0.5, "head", [0, 1, 2]),  # the first round(ratio * layers)
+    (1.0, "uniform", [0, 1, 2, 3, 4, 5]),
+])
+def test_checkpoint_methods_choose_upstreams_layers(ratio, method, expected):
+    model, config = _gpt2_layers(6)
+    apply_schedule(model, config, ckpt_ratio=ratio, checkpoint_method=method)
+    assert _checkpointed(model) == expected
+
+
+def test_uniform_checkpoints_where_the_layers_are_known_only():
+    from slapo_ae.zoo import build_model
+
+    model = build_model("t5-tiny")
+    with pytest.raises(NotImplementedError, match="'uniform'.*not supported for t5"):
+        apply_schedule(model, model.config, ckpt_ratio=0.5, checkpoint_method="uniform")
+
+
+@pytest.mark.parametrize("cuts", [[3], [1, 1], [-1], [2, 0], [0.5]])
+def test_pipeline_cuts_must_be_layers_of_the_model(cuts):
+    from slapo_ae.zoo import build_model
+
+    model = build_model("llama-tiny")  # 2 layers: the one cut is after layer 0
+    with pytest.raises(ValueError, match=r"pipeline_cuts .* must be increasing layer indices "
+                                         r"from 0 to 0 .*the model has 2 layers"):
+        apply_schedule(model, model.config, pipeline_cuts=cuts)
+
+
+def test_pipeline_cuts_trace_the_model_and_cut_its_stages():
+    from slapo.pipeline import generate_pipeline_partition
+    from slapo_ae.zoo import build_model
+
+    model = build_model("llama-tiny")
+    sch = apply_schedule(model, model.config, schedule_key="llama", pipeline_cuts=[0])
+    partitioned = generate_pipeline_partition(sch)
+    stages = [name for name, _ in partitioned.mod.named_children()]
+    assert stages == ["submod_0", "submod_1"]
+    first = partitioned["submod_0"].mod
+    assert [n.name for n in first.graph.nodes if n.op == "placeholder"] == \
+        ["input_ids", "attention_mask", "position_ids"]
 
 
 def test_config_must_agree_with_the_model():
