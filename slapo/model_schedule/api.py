@@ -130,7 +130,7 @@ def apply_schedule(model, model_config, **sch_config):
     return sch
 
 
-def _layer_list_path(model, family: str) -> str:
+def layer_list_path(model, family: str) -> str:
     """The path of the family's layer list in ``model`` (with or without its head)."""
     rel = LAYER_LISTS[family]
     paths = [name for name, _ in model.named_modules() if name == rel or name.endswith("." + rel)]
@@ -141,7 +141,7 @@ def _layer_list_path(model, family: str) -> str:
 
 
 def _layers(sch, family: str) -> list:
-    path = _layer_list_path(sch.mod, family)
+    path = layer_list_path(sch.mod, family)
     return [sch[f"{path}.{i}"] for i in range(len(sch[path].mod))]
 
 
@@ -164,7 +164,7 @@ def _cut_pipeline_stages(sch, family: str, cuts) -> None:
     """Upstream's ``generate_pipeline_schedule``: trace the root down to the base model (its
     layers stay calls), its inputs ``PIPELINE_INPUTS``, and cut a stage after each layer of
     ``cuts``."""
-    path = _layer_list_path(sch.mod, family)
+    path = layer_list_path(sch.mod, family)
     count = len(sch[path].mod)
     if any(not isinstance(cut, int) for cut in cuts) or list(cuts) != sorted(set(cuts)) \
             or not all(0 <= cut < count - 1 for cut in cuts):

@@ -165,3 +165,12 @@ def test_a_model_scheduled_in_eval_mode_computes_as_the_plain_model(name):
     with torch.no_grad():
         torch.testing.assert_close(scheduled(**batch).logits, plain(**batch).logits,
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_the_harness_pipelines_the_families_apply_schedule_cuts():
+    """Slapo-3D cuts the layers that apply_schedule's pipeline_cuts would (the harness's
+    parent decides without torch which families it can pipeline)."""
+    from slapo.model_schedule.api import PIPELINE_FAMILIES
+    from slapo_ae.harness.systems.support import PIPELINE_LAYERS
+
+    assert set(PIPELINE_LAYERS) == set(PIPELINE_FAMILIES)

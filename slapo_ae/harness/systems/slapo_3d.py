@@ -27,8 +27,9 @@ on). Each replica trains on ``batch / dp`` samples of the global batch (``micro`
 micro-batch); the step's loss is DeepSpeed's: the mean of the last stage's micro-batch losses
 over the replicas, broadcast along the pipeline, so that the harness's average over ranks is
 the global batch's loss. Throughput is over the global batch. Families the pipeline splits
-here: :data:`LAYERS` (LLaMA, GPT-Neo); others with pp > 1 are ``unsupported`` (the rules are
-in :mod:`.support`), as are fp16 (autocast in fp16 needs a loss scaler that the stages agree
+here: LLaMA and GPT-Neo (``slapo.model_schedule.api.PIPELINE_FAMILIES``, their layers found
+as ``apply_schedule`` finds them); others with pp > 1 are ``unsupported`` (the rules are in
+:mod:`.support`), as are fp16 (autocast in fp16 needs a loss scaler that the stages agree
 on, which the harness's torch-native systems do not have inside a pipeline: use bf16) and
 more stages than layers.
 """
@@ -42,9 +43,6 @@ from .base import NativeTrainer, adamw
 from .deepspeed_zero3 import quiet_deepspeed
 from .slapo_tp import schedule
 from .support import PIPELINE_LAYERS
-
-# Per family the schedule path of layer i (its layer count: support.PIPELINE_LAYERS).
-LAYERS = {"llama": "model.layers.{}", "gpt_neo": "transformer.h.{}"}
 
 
 def stage_cuts(layers: int, pp: int) -> list[int]:
@@ -100,6 +98,7 @@ class Slapo3DSystem(NativeTrainer):
 
     def _pipeline(self, sch):
         import slapo
+        from slapo.model_schedule.api import layer_list_path
         from slapo.op.cross_entropy import real_vocab_size, vocab_parallel_output_loss
         from slapo_ae.zoo import model_family, synthetic_batch
 
@@ -107,7 +106,7 @@ class Slapo3DSystem(NativeTrainer):
         config = sch.mod.config
         vocab_size = real_vocab_size(sch.mod)  # before tracing: the traced root has no head API
         family = model_family(case.model)
-        path = LAYERS[family]
+        path = layer_list_path(sch.mod, family)  # of the layers, as apply_schedule cuts them
         cuts = stage_cuts(getattr(config, PIPELINE_LAYERS[family]), case.pp)
         example = synthetic_batch(config, case.micro_batch_size, case.seq_len,
                                   device=self.ctx.device, seed=case.seed)
@@ -115,7 +114,7 @@ class Slapo3DSystem(NativeTrainer):
                                   "attention_mask": example["attention_mask"]},
                   concrete_args={"use_cache": False, "return_dict": False})
         for layer in cuts:
-            sch[path.format(layer)].cut_pipeline_stage()
+            sch[f"{path}.{layer}"].cut_pipeline_stage()
         # the causal-LM loss on the last stage, over the tensor ranks' vocabulary slices of
         # the logits (the schedule's vocab_parallel_loss; a plain cross entropy with tp=1)
         loss = functools.partial(vocab_parallel_output_loss, kind="causal",
