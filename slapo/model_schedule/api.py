@@ -153,10 +153,15 @@ def _broadcast_inputs(group):
     src = dist.get_global_rank(group, 0)
 
     def broadcast(module, inputs):
-        for tensor in inputs:
-            if isinstance(tensor, torch.Tensor):
-                dist.broadcast(tensor, src=src, group=group)
-        return inputs
+        received = []
+        for value in inputs:
+            if isinstance(value, torch.Tensor):
+                # in place, as upstream's; a view that is not contiguous (an expanded
+                # arange of positions) gets a copy: gloo and NCCL take contiguous tensors
+                value = value.contiguous()
+                dist.broadcast(value, src=src, group=group)
+            received.append(value)
+        return tuple(received)
     return broadcast
 
 
