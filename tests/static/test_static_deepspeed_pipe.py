@@ -15,6 +15,12 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   (upstream's way): a stage's replicas start alike, the tied LM head as the embedding;
 - in each of the first four, once the schedule is dropped, a rank keeps its own stage's
   layers and not the other stage's (weak references to a weight of each layer);
+- pipeline 2 x tensor 2 of the LLaMA with each layer one compiled region (the schedule's
+  CUDA path, Slapo-3D's on a GPU; Inductor on CPU): the plain model's losses within 1e-4;
+- upstream's 3D example as it calls the library (``apply_schedule`` with ``pipeline_cuts``,
+  ``bcast_input``, uniform checkpointing; ``ParallelCrossEntropy``; micro-batches of
+  ``[input_ids, attention_mask, position_ids], labels``), from the plain model's weights
+  (its losses) and from the meta device (one step); and ``bcast_input`` without a pipeline;
 - misuse (no topology, no config, stages the topology does not have): an error saying what
   to pass, before DeepSpeed starts; a last stage that gives no loss without ``loss_fn``: an
   error saying so.
@@ -66,10 +72,13 @@ def causal_loss(output, labels):
                            labels[:, 1:].reshape(-1))
 
 
-def _train(name, dp, pp, tp, deepspeed_topology=False, model_loss=False):
+def _train(name, dp, pp, tp, deepspeed_topology=False, model_loss=False, **options):
+    from torch._dynamo.utils import counters
+
+    graphs_before = counters["stats"]["unique_graphs"]
     topo = slapo.Topology(dp=dp, pp=pp, tp=tp)
     sch = slapo.create_schedule(_model(name), group=topo.tensor_group)
-    schedule_model(sch, tensor_parallel=True, shard_embedding=False)
+    schedule_model(sch, tensor_parallel=True, shard_embedding=False, **options)
     # a weight of each layer, as the schedule left it (tracing keeps the parameters)
     layers = [weakref.ref(next(layer.parameters())) for layer in LAYERS[name](sch.mod)]
     ids, mask, labels = _batch(name, 99)
@@ -104,7 +113,8 @@ def _train(name, dp, pp, tp, deepspeed_topology=False, model_loss=False):
                 (ids[rows], mask[rows])
             micro.append((inputs, labels[rows]))
         losses.append(engine.train_batch(data_iter=iter(micro)).item())
-    return {"losses": losses, "held": held, "stage": topo.stage_index}
+    return {"losses": losses, "held": held, "stage": topo.stage_index,
+            "compiled_graphs": counters["stats"]["unique_graphs"] - graphs_before}
 
 
 def _from_meta(name="gpt-neo-tiny"):
@@ -220,6 +230,9 @@ def _all():
     os.environ["LOCAL_RANK"] = str(dist.get_rank())  # DeepSpeed reads it (torchrun sets it)
     return {"gpt_neo": _train("gpt-neo-tiny", dp=1, pp=2, tp=2),
             "llama": _train("llama-tiny", dp=1, pp=2, tp=2),
+            # the CUDA path of the schedule (one compiled region a layer), Inductor on CPU
+            "llama_compiled": _train("llama-tiny", dp=1, pp=2, tp=2, kernel_opt=True,
+                                     device="cpu", compile_layers=True),
             "gpt_neo_dp": _train("gpt-neo-tiny", dp=2, pp=2, tp=1, deepspeed_topology=True),
             "model_loss": _train("llama-tiny", dp=2, pp=2, tp=1, model_loss=True),
             "meta": _from_meta(), "misuse": _misuse(), "upstream_3d": _upstream_3d(),
@@ -256,6 +269,17 @@ def test_deepspeed_pipeline_trains_like_the_plain_model(ranks, run, name):
         for step, (mine, expected) in enumerate(zip(result[run]["losses"], plain)):
             err = abs(mine - expected) / abs(expected)
             assert err <= TOL, f"{run} rank {rank} step {step}: loss {mine} vs {expected}"
+
+
+def test_stages_of_compiled_layers_train_like_the_plain_model(ranks):
+    """Slapo-3D's path on a GPU: the stages run the layers' compiled regions (1e-4: Inductor
+    reorders the float sums, as in the compile tests)."""
+    plain = _plain_losses("llama-tiny")
+    for rank, result in enumerate(ranks):
+        got = result["llama_compiled"]
+        assert got["compiled_graphs"] >= 1, rank  # the stages ran compiled regions
+        for step, (mine, expected) in enumerate(zip(got["losses"], plain, strict=True)):
+            assert abs(mine - expected) <= 1e-4 * abs(expected), (rank, step, mine, expected)
 
 
 @pytest.mark.parametrize("run", ["gpt_neo", "llama", "gpt_neo_dp", "model_loss"])
