@@ -21,6 +21,8 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   ``bcast_input``, uniform checkpointing; ``ParallelCrossEntropy``; micro-batches of
   ``[input_ids, attention_mask, position_ids], labels``), from the plain model's weights
   (its losses) and from the meta device (one step); and ``bcast_input`` without a pipeline;
+- data 2 x pipeline 2 under torch's autocast in bf16: around ``train_batch`` (DeepSpeed turns it
+  off in its forward) and in DeepSpeed's ``torch_autocast`` section (it computes in bf16);
 - misuse (no topology, no config, stages the topology does not have): an error saying what
   to pass, before DeepSpeed starts; a last stage that gives no loss without ``loss_fn``: an
   error saying so.
@@ -203,6 +205,50 @@ def _broadcast_input():
     return {"given": given, "first": first, "logits": logits}
 
 
+def _autocast():
+    """The dtype a stage's Linear computes in under DeepSpeed's engine (data 2 x pipeline 2),
+    with torch's autocast (bf16, on this device) around ``train_batch`` (``outer``) or in the
+    config's ``torch_autocast`` section (``config``, Slapo-3D's way), and whether any
+    parameter was marked for bf16 gradient reduction. DeepSpeed asks
+    ``torch.is_autocast_enabled()``, which reads CUDA's autocast: for ``outer`` it is made to
+    read this device's, so that DeepSpeed does here what it does on a GPU."""
+    from unittest import mock
+
+    import deepspeed.runtime.torch_autocast as ds_autocast
+
+    out = {}
+    for way in ("outer", "config"):
+        topo = slapo.Topology(dp=2, pp=2, tp=1)
+        sch = slapo.create_schedule(_model("gpt-neo-tiny"), group=topo.tensor_group)
+        schedule_model(sch, tensor_parallel=True, shard_embedding=False)
+        ids, mask, labels = _batch("gpt-neo-tiny", 0)
+        sch.trace(example_inputs={"input_ids": ids[:2], "attention_mask": mask[:2]},
+                  concrete_args={"use_cache": False, "return_dict": False})
+        sch[CUTS["gpt-neo-tiny"]].cut_pipeline_stage()
+        config = {"train_batch_size": BATCH, "train_micro_batch_size_per_gpu": 1,
+                  "steps_per_print": 10 ** 6}
+        if way == "config":
+            config["torch_autocast"] = {"enabled": True, "dtype": "bf16",
+                                        "lower_precision_safe_modules": []}
+        engine, _ = slapo.build(sch, target="deepspeed", topology=topo, config=config,
+                                loss_fn=causal_loss, init_weights=False,
+                                optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+        dtypes = []
+        linear = next(m for m in engine.module.modules() if isinstance(m, torch.nn.Linear))
+        linear.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+        rows = slice(topo.data_rank * 2, topo.data_rank * 2 + 2)
+        micro = [((ids[rows][i:i + 1], mask[rows][i:i + 1]), labels[rows][i:i + 1])
+                 for i in range(2)]
+        reads = torch.is_autocast_enabled
+        as_on_a_gpu = mock.patch.object(ds_autocast.torch, "is_autocast_enabled",
+                                        lambda *args: reads("cpu"))
+        with as_on_a_gpu, torch.autocast("cpu", dtype=torch.bfloat16, enabled=way == "outer"):
+            engine.train_batch(data_iter=iter(micro))
+        out[way] = {"dtypes": sorted(set(map(str, dtypes))),
+                    "comm_dtype": any(hasattr(p, "comm_dtype") for p in engine.module.parameters())}
+    return out
+
+
 def _misuse():
     """The message of each misuse (every rank raises the same, before DeepSpeed starts)."""
     topo = slapo.Topology(dp=2, pp=2)
@@ -237,7 +283,7 @@ def _all():
             "model_loss": _train("llama-tiny", dp=2, pp=2, tp=1, model_loss=True),
             "meta": _from_meta(), "misuse": _misuse(), "upstream_3d": _upstream_3d(),
             "upstream_3d_meta": _upstream_3d(meta=True),
-            "broadcast": _broadcast_input()}
+            "broadcast": _broadcast_input(), "autocast": _autocast()}
 
 
 @pytest.fixture(scope="module")
@@ -322,6 +368,17 @@ def test_bcast_input_computes_on_the_groups_first_rank_input(ranks):
             assert torch.equal(got["given"], got["first"]), rank
         expected = plain(got["first"]).logits
         torch.testing.assert_close(got["logits"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_deepspeed_computes_in_bf16_under_its_own_autocast_only(ranks):
+    """Around its forward DeepSpeed turns off an autocast it finds on, unless its config's
+    torch_autocast section is on (so Slapo-3D's bf16 case sets that section); with no
+    lower-precision-safe modules, no gradient is marked for a bf16 reduction."""
+    for result in ranks:
+        got = result["autocast"]
+        assert got["outer"]["dtypes"] == ["torch.float32"], got
+        assert got["config"]["dtypes"] == ["torch.bfloat16"], got
+        assert not got["config"]["comm_dtype"]
 
 
 def test_misuse_is_a_clear_error(ranks):

@@ -54,6 +54,34 @@ def test_zero3_systems_clip_no_gradients_as_no_other_system_does():
         assert get_gradient_clipping(config) == 0.0
 
 
+def test_slapo_3d_runs_its_forward_under_deepspeeds_own_autocast_in_bf16_on_cuda():
+    """Around its forward DeepSpeed turns off an autocast it finds on unless its config's
+    torch_autocast section is on (tests/static/test_static_deepspeed_pipe.py shows both): so
+    the bf16 case's config has it, marking no module for bf16 gradient reduction."""
+    from deepspeed.runtime.config import (
+        get_gradient_clipping,
+        get_lower_precision_safe_modules,
+        get_torch_autocast_dtype,
+        get_torch_autocast_enabled,
+    )
+
+    from slapo_ae.harness.systems.slapo_3d import pipeline_config
+
+    def config(device, dtype):
+        return pipeline_config(Case(mode="slapo-megatron", model="llama-tiny", gpus=4,
+                                    seq_len=16, dec_seq_len=0, batch_size=8, batch_expr="8",
+                                    ckpt=0.0, device=device, dtype=dtype, pp=2, tp=2,
+                                    micro_batch=2))
+
+    bf16 = config("cuda", "bf16")
+    assert get_torch_autocast_enabled(bf16) and get_torch_autocast_dtype(bf16) == torch.bfloat16
+    assert get_lower_precision_safe_modules(bf16) == []
+    assert (bf16["train_micro_batch_size_per_gpu"], bf16["gradient_accumulation_steps"]) == (2, 4)
+    for plain in (config("cpu", "fp32"), config("cuda", "fp32")):
+        assert not get_torch_autocast_enabled(plain)
+    assert get_gradient_clipping(bf16) == 0.0
+
+
 class _Trainer(base.NativeTrainer):
     def setup(self):
         self.model = torch.nn.Linear(2, 2)

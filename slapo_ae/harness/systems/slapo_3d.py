@@ -22,8 +22,9 @@ next, stages outermost, as Megatron-LM and DeepSpeed lay them out):
 
 Precision and optimizer are the other systems': AdamW over fp32 parameters (DeepSpeed steps
 the torch optimizer it is given, with ZeRO off and no clipping), under ``torch.autocast`` in
-bf16 on CUDA (around ``train_batch``: DeepSpeed runs its forward inside an autocast it finds
-on). Each replica trains on ``batch / dp`` samples of the global batch (``micro`` per
+bf16 on CUDA: DeepSpeed's own ``torch_autocast`` section (around its forward DeepSpeed turns
+off an autocast it finds on unless that section is on), with no module whose gradients it
+would reduce in bf16, so that they are reduced in fp32 as the other systems'. Each replica trains on ``batch / dp`` samples of the global batch (``micro`` per
 micro-batch); the step's loss is DeepSpeed's: the mean of the last stage's micro-batch losses
 over the replicas, broadcast along the pipeline, so that the harness's average over ranks is
 the global batch's loss. Throughput is over the global batch. Families the pipeline splits
@@ -142,20 +143,23 @@ class Slapo3DSystem(NativeTrainer):
         micro_batches = [((batch["input_ids"][k:k + size], batch["attention_mask"][k:k + size]),
                           batch["labels"][k:k + size])
                          for k in range(0, batch["input_ids"].shape[0], size)]
-        with torch.autocast(self.ctx.device.type, dtype=self.autocast_dtype,
-                            enabled=self.autocast_dtype is not None):
-            # every rank gets the step's loss: the replicas' mean, broadcast along the pipeline
-            loss = self.engine.train_batch(iter(micro_batches))
+        # every rank gets the step's loss: the replicas' mean, broadcast along the pipeline
+        loss = self.engine.train_batch(iter(micro_batches))  # autocast: pipeline_config
         return loss.detach().float()
 
 
 def pipeline_config(case) -> dict:
     """DeepSpeed's configuration of a case's pipeline: its micro-batches, ZeRO off (the
     optimizer steps fp32 parameters, as the torch-native systems'), no gradient clipping
-    (DeepSpeed clips at 1.0 unless told otherwise; no other system clips)."""
-    return {"train_batch_size": case.batch_size,
-            "train_micro_batch_size_per_gpu": case.micro_batch_size,
-            "gradient_accumulation_steps": case.n_microbatches,
-            "gradient_clipping": 0.0,
-            "steps_per_print": 1 << 30,
-            "wall_clock_breakdown": False}
+    (DeepSpeed clips at 1.0 unless told otherwise; no other system clips), and on CUDA in
+    bf16 the forward under torch's autocast (see the module docstring)."""
+    config = {"train_batch_size": case.batch_size,
+              "train_micro_batch_size_per_gpu": case.micro_batch_size,
+              "gradient_accumulation_steps": case.n_microbatches,
+              "gradient_clipping": 0.0,
+              "steps_per_print": 1 << 30,
+              "wall_clock_breakdown": False}
+    if case.device == "cuda" and case.dtype == "bf16":
+        config["torch_autocast"] = {"enabled": True, "dtype": "bf16",
+                                    "lower_precision_safe_modules": []}
+    return config
