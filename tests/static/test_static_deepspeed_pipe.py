@@ -235,13 +235,13 @@ def _autocast():
                                 optimizer=lambda params: torch.optim.SGD(params, lr=LR))
         dtypes = []
         linear = next(m for m in engine.module.modules() if isinstance(m, torch.nn.Linear))
-        linear.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+        linear.register_forward_hook(lambda m, i, o, seen=dtypes: seen.append(o.dtype))
         rows = slice(topo.data_rank * 2, topo.data_rank * 2 + 2)
         micro = [((ids[rows][i:i + 1], mask[rows][i:i + 1]), labels[rows][i:i + 1])
                  for i in range(2)]
-        reads = torch.is_autocast_enabled
         as_on_a_gpu = mock.patch.object(ds_autocast.torch, "is_autocast_enabled",
-                                        lambda *args: reads("cpu"))
+                                        lambda *args, reads=torch.is_autocast_enabled:
+                                        reads("cpu"))
         with as_on_a_gpu, torch.autocast("cpu", dtype=torch.bfloat16, enabled=way == "outer"):
             engine.train_batch(data_iter=iter(micro))
         out[way] = {"dtypes": sorted(set(map(str, dtypes))),

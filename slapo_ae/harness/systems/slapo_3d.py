@@ -24,12 +24,13 @@ Precision and optimizer are the other systems': AdamW over fp32 parameters (Deep
 the torch optimizer it is given, with ZeRO off and no clipping), under ``torch.autocast`` in
 bf16 on CUDA: DeepSpeed's own ``torch_autocast`` section (around its forward DeepSpeed turns
 off an autocast it finds on unless that section is on), with no module whose gradients it
-would reduce in bf16, so that they are reduced in fp32 as the other systems'. Each replica trains on ``batch / dp`` samples of the global batch (``micro`` per
-micro-batch); the step's loss is DeepSpeed's: the mean of the last stage's micro-batch losses
-over the replicas, broadcast along the pipeline, so that the harness's average over ranks is
-the global batch's loss. Throughput is over the global batch. Families the pipeline splits
-here: LLaMA and GPT-Neo (``slapo.model_schedule.api.PIPELINE_FAMILIES``, their layers found
-as ``apply_schedule`` finds them); others with pp > 1 are ``unsupported`` (the rules are in
+would reduce in bf16, so that they are reduced in fp32 as the other systems'. Each replica
+trains on ``batch / dp`` samples of the global batch (``micro`` per micro-batch); the step's
+loss is DeepSpeed's: the mean of the last stage's micro-batch losses over the replicas,
+broadcast along the pipeline, so that the harness's average over ranks is the global batch's
+loss. Throughput is over the global batch. Families the pipeline splits here: LLaMA and
+GPT-Neo (``slapo.model_schedule.api.PIPELINE_FAMILIES``, their layers found as
+``apply_schedule`` finds them); others with pp > 1 are ``unsupported`` (the rules are in
 :mod:`.support`), as are fp16 (autocast in fp16 needs a loss scaler that the stages agree
 on, which the harness's torch-native systems do not have inside a pipeline: use bf16) and
 more stages than layers.
