@@ -105,10 +105,12 @@ def apply_schedule(model, model_config, **sch_config):
                                   f"1/ckpt_ratio-th layer) not supported for {family}; its "
                                   "schedule checkpoints the first layers ('head')")
     cuts = sch_config.get("pipeline_cuts")
-    if cuts and family not in PIPELINE_FAMILIES:
-        raise NotImplementedError(f"apply_schedule: pipeline_cuts for {family}: the families "
-                                  f"cut into pipeline stages here are "
-                                  f"{', '.join(PIPELINE_FAMILIES)}")
+    if cuts:  # checked before anything changes
+        if family not in PIPELINE_FAMILIES:
+            raise NotImplementedError(f"apply_schedule: pipeline_cuts for {family}: the "
+                                      f"families cut into pipeline stages here are "
+                                      f"{', '.join(PIPELINE_FAMILIES)}")
+        _check_cuts(model, family, cuts)
     _cast(model, sch_config)
     prefix = sch_config.get("prefix", "")
     if prefix and prefix not in dict(model.named_modules()):
@@ -165,17 +167,20 @@ def _broadcast_inputs(group):
     return broadcast
 
 
-def _cut_pipeline_stages(sch, family: str, cuts) -> None:
-    """Upstream's ``generate_pipeline_schedule``: trace the root down to the base model (its
-    layers stay calls), its inputs ``PIPELINE_INPUTS``, and cut a stage after each layer of
-    ``cuts``."""
-    path = layer_list_path(sch.mod, family)
-    count = len(sch[path].mod)
+def _check_cuts(model, family: str, cuts) -> None:
+    count = len(model.get_submodule(layer_list_path(model, family)))
     if any(not isinstance(cut, int) for cut in cuts) or list(cuts) != sorted(set(cuts)) \
             or not all(0 <= cut < count - 1 for cut in cuts):
         raise ValueError(f"apply_schedule: pipeline_cuts {list(cuts)} must be increasing layer "
                          f"indices from 0 to {count - 2} (a stage is cut after each; the "
                          f"model has {count} layers)")
+
+
+def _cut_pipeline_stages(sch, family: str, cuts) -> None:
+    """Upstream's ``generate_pipeline_schedule``: trace the root down to the base model (its
+    layers stay calls), its inputs ``PIPELINE_INPUTS``, and cut a stage after each layer of
+    ``cuts`` (checked by ``_check_cuts``)."""
+    path = layer_list_path(sch.mod, family)
     fixed = {p.name: p.default for p in inspect.signature(sch.mod.forward).parameters.values()
              if p.name not in PIPELINE_INPUTS
              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}

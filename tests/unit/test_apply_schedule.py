@@ -122,6 +122,7 @@ def test_pipeline_cuts_must_be_layers_of_the_model(cuts):
     with pytest.raises(ValueError, match=r"pipeline_cuts .* must be increasing layer indices "
                                          r"from 0 to 0 .*the model has 2 layers"):
         apply_schedule(model, model.config, pipeline_cuts=cuts)
+    assert model.config._attn_implementation != "slapo_sdpa"  # refused before scheduling
 
 
 def test_pipeline_cuts_trace_the_model_and_cut_its_stages():
