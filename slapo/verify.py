@@ -20,7 +20,13 @@ from torch import nn
 from . import verify_pipeline as vp
 from .logger import get_logger
 from .primitives.shard import full_layout, local_slice, shard_spec
-from .sharding import all_gather_forward, first_rank, gather_sharded, world_size
+from .sharding import (
+    all_gather_forward,
+    broadcast_from_first,
+    first_rank,
+    gather_sharded,
+    world_size,
+)
 from .tracing import has_foreign_hooks
 from .tracing.adapter import adapter_of
 
@@ -362,15 +368,11 @@ def _to(inputs, device):
 
 
 def _broadcast(inputs, group):
-    """``inputs`` as the first rank of ``group`` has them (tensors broadcast in place)."""
-    inputs = dict(inputs) if isinstance(inputs, dict) else list(
-        inputs if isinstance(inputs, (list, tuple)) else [inputs])
-    if world_size(group) > 1:
-        src = first_rank(group)
-        for value in (inputs.values() if isinstance(inputs, dict) else inputs):
-            if isinstance(value, torch.Tensor):
-                dist.broadcast(value, src=src, group=group)
-    return inputs
+    """``inputs`` (a dict, a list or one value) as the first rank of ``group`` has them."""
+    if isinstance(inputs, dict):
+        return dict(zip(inputs, broadcast_from_first(list(inputs.values()), group)))
+    return broadcast_from_first(list(inputs if isinstance(inputs, (list, tuple)) else [inputs]),
+                                group)
 
 
 def _check(what: str, error: float, tol: float, hint: str = "") -> None:

@@ -148,23 +148,11 @@ def _layers(sch, family: str) -> list:
 
 
 def _broadcast_inputs(group):
-    """Upstream's ``broadcast_input`` hook: the positional tensors from the group's first rank."""
-    import torch
-    import torch.distributed as dist
+    """Upstream's ``broadcast_input`` hook: the positional tensors from the group's first rank
+    (in place, as upstream's; see ``broadcast_from_first``)."""
+    from ..sharding import broadcast_from_first
 
-    src = dist.get_global_rank(group, 0)
-
-    def broadcast(module, inputs):
-        received = []
-        for value in inputs:
-            if isinstance(value, torch.Tensor):
-                # in place, as upstream's; a view that is not contiguous (an expanded
-                # arange of positions) gets a copy: gloo and NCCL take contiguous tensors
-                value = value.contiguous()
-                dist.broadcast(value, src=src, group=group)
-            received.append(value)
-        return tuple(received)
-    return broadcast
+    return lambda module, inputs: tuple(broadcast_from_first(list(inputs), group))
 
 
 def _check_cuts(model, family: str, cuts) -> None:

@@ -8,6 +8,7 @@ from .collectives import (
     all_reduce_forward,
     all_to_all_forward,
     backward_only,
+    broadcast_from_first,
     first_rank,
     gather_sharded,
     reduce_scatter_forward,
@@ -31,7 +32,8 @@ from .sync_ops import (
 __all__ = ["FORWARD_OPS", "RESHARD_SCHEMES", "Solver", "all_gather_forward",
            "all_gather_forward_output", "all_reduce_backward", "all_reduce_forward",
            "all_to_all_forward", "apply_backward_op", "apply_forward_op", "backward_only",
-           "first_rank", "gather_sharded", "reduce_backward_grad", "reduce_forward_output",
-           "reduce_scatter_forward", "reduce_scatter_forward_output", "reshard",
+           "broadcast_from_first", "first_rank", "gather_sharded", "reduce_backward_grad",
+           "reduce_forward_output", "reduce_scatter_forward", "reduce_scatter_forward_output",
+           "reshard",
            "scatter_forward", "scatter_forward_output", "shard_slice", "world_size"]
 

@@ -28,6 +28,22 @@ def first_rank(group=None) -> int:
     return dist.get_global_rank(group, 0) if group is not None else 0
 
 
+def broadcast_from_first(values: list, group=None) -> list:
+    """``values`` as ``group``'s first rank has them: each tensor broadcast in place, except a
+    view that is not contiguous (an expanded arange), broadcast as a contiguous copy, which
+    takes its place (gloo and NCCL take contiguous tensors); other values stay."""
+    if world_size(group) == 1:
+        return list(values)
+    src = first_rank(group)
+    received = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            value = value.contiguous()
+            dist.broadcast(value, src=src, group=group)
+        received.append(value)
+    return received
+
+
 def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     if world_size(group) == 1:
         return x
