@@ -91,12 +91,12 @@ def apply_schedule(model, model_config, **sch_config):
     if method not in ("head", "uniform"):
         raise ValueError(f"apply_schedule: unknown checkpoint_method {method!r}; expected "
                          "'head' or 'uniform'")
-    family = sch_config.get("schedule_key") or _config_type(model_config)
+    family = key or _config_type(model_config)
     if family is None:
         raise ValueError("apply_schedule: model_config has no model_type to choose the schedule")
     own = model_type(model)
     if own is not None and own != family:
-        said = "schedule_key" if sch_config.get("schedule_key") else "model_config"
+        said = "schedule_key" if key else "model_config"
         raise ValueError(f"apply_schedule: {said} says {family!r} but the model is a "
                          f"{type(model).__name__} of type {own!r}")
     uniform = method == "uniform" and 0 < ratio < 1  # at 0 and 1 the two methods agree

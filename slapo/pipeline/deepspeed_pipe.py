@@ -150,8 +150,8 @@ def build_deepspeed_pipeline(sch, finish, topology=None, config=None, loss_fn=No
     if loss_fn is None:
         loss_fn = state.pipeline_loss(sch.root) or model_loss
     index = topology.stage_index
-    module = stages[index]
-    if index == topology.pp - 1:
+    module, last = stages[index], index == topology.pp - 1
+    if last:
         _plain_last_output(module)
     finish(module, topology.stage_group)
     ties = _ties(shared_parameters(stages), index, topology.ranks("pipe"),
@@ -170,9 +170,8 @@ def build_deepspeed_pipeline(sch, finish, topology=None, config=None, loss_fn=No
 
     # DeepSpeed builds only this rank's layer; the others are placeholders, so that the engine
     # keeps no reference to the other stages' modules and weights
-    last = len(stages) - 1
     layers = [pipe.LayerSpec(nn.Identity) for _ in stages]
-    layers[index] = DeepSpeedStage(module, index == 0, index == last)
+    layers[index] = DeepSpeedStage(module, index == 0, last)
     model = _Stages(layers, topology=ds_topology, loss_fn=loss_fn, partition_method="uniform")
     # DeepSpeed splits a stage's first output over the tensor-parallel ranks by default, for
     # stages whose other outputs need no gradient; a stage here may pass several that do
