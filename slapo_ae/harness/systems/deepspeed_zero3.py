@@ -29,19 +29,23 @@ import torch
 from .base import System, adamw, build_hf_model, checkpoint_every_layer
 
 
+def engine_config(batch_size: int, micro_batch: int, accumulation: int) -> dict:
+    """What every DeepSpeed engine of the harness is configured with: its batch, in
+    micro-batches, no gradient clipping (DeepSpeed clips the norm at 1.0 unless told
+    otherwise, 0.19.8's default; no other system clips, and the comparison is about the
+    schedule), and no logging of its own."""
+    return {"train_batch_size": batch_size,
+            "train_micro_batch_size_per_gpu": micro_batch,
+            "gradient_accumulation_steps": accumulation,
+            "gradient_clipping": 0.0,
+            "steps_per_print": 1 << 30,
+            "wall_clock_breakdown": False}
+
+
 def ds_config(spec, micro_batch: int) -> dict:
-    config = {
-        "train_batch_size": spec.case.batch_size,
-        "train_micro_batch_size_per_gpu": micro_batch,
-        "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": 3},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 1 << 30,
-        "wall_clock_breakdown": False,
-        # DeepSpeed clips the gradients' norm at 1.0 unless told otherwise (0.19.8's
-        # default); no other system clips, and the comparison is about the schedule
-        "gradient_clipping": 0.0,
-    }
+    config = {**engine_config(spec.case.batch_size, micro_batch, 1),
+              "zero_optimization": {"stage": 3},
+              "zero_allow_untested_optimizer": True}
     if spec.case.device == "cuda" and spec.case.dtype == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     elif spec.case.device == "cuda" and spec.case.dtype == "bf16":

@@ -42,7 +42,7 @@ import functools
 import torch
 
 from .base import NativeTrainer, adamw
-from .deepspeed_zero3 import quiet_deepspeed
+from .deepspeed_zero3 import engine_config, quiet_deepspeed
 from .slapo_tp import schedule
 from .support import PIPELINE_LAYERS
 
@@ -150,16 +150,11 @@ class Slapo3DSystem(NativeTrainer):
 
 
 def pipeline_config(case) -> dict:
-    """DeepSpeed's configuration of a case's pipeline: its micro-batches, ZeRO off (the
-    optimizer steps fp32 parameters, as the torch-native systems'), no gradient clipping
-    (DeepSpeed clips at 1.0 unless told otherwise; no other system clips), and on CUDA in
-    bf16 the forward under torch's autocast (see the module docstring)."""
-    config = {"train_batch_size": case.batch_size,
-              "train_micro_batch_size_per_gpu": case.micro_batch_size,
-              "gradient_accumulation_steps": case.n_microbatches,
-              "gradient_clipping": 0.0,
-              "steps_per_print": 1 << 30,
-              "wall_clock_breakdown": False}
+    """DeepSpeed's configuration of a case's pipeline: the harness's engine settings
+    (``engine_config``: its micro-batches, no clipping), ZeRO off (the optimizer steps fp32
+    parameters, as the torch-native systems'), and on CUDA in bf16 the forward under torch's
+    autocast (see the module docstring)."""
+    config = engine_config(case.batch_size, case.micro_batch_size, case.n_microbatches)
     if case.device == "cuda" and case.dtype == "bf16":
         config["torch_autocast"] = {"enabled": True, "dtype": "bf16",
                                     "lower_precision_safe_modules": []}
