@@ -72,8 +72,11 @@ def trace(sch, recursive: bool = True, flatten: bool = False, leaves: Iterable =
     loss ``slapo.op.vocab_parallel_loss`` made vocabulary-parallel is traced without that loss
     (its own forward, returning the sharded logits); the schedule keeps the loss, and
     ``build(target="pipeline")`` computes it on the last stage. Tracing an already traced module
-    is a no-op. Raises ``slapo.tracing.TraceError`` naming the module (path and class) that
-    could not be traced, and why.
+    is a no-op. A submodule that cannot be traced stays whole, one call in its parent's graph
+    (as upstream Slapo's tracer left it), with a warning naming it and why; make it a leaf to
+    keep it whole without one. Raises ``slapo.tracing.TraceError`` when this node's own module
+    cannot be traced (upstream returned False), naming the module (path and class) that failed,
+    and why.
 
     Example::
 

@@ -24,7 +24,9 @@ tracer):
   changed (hooks, a replaced forward, for example ``checkpoint`` or ``sync``), and slapo's own
   fused/decomposed modules.
 
-Errors name the module that failed (path and class), with the reason from fx.
+Errors name the module that failed (path and class), with the reason from fx. A submodule
+that cannot be traced (with ``flatten=False``) stays whole, one call in its parent's graph,
+with a warning that gives that error; only the module ``trace_module`` runs on must trace.
 
 Modules: ``proxies`` (traced values with example values), ``call_plan`` (graph inputs and
 fixed arguments), ``tracer`` (the fx tracer and ``trace_module``), ``adapter`` (the pre-hook

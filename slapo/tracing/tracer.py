@@ -176,9 +176,17 @@ class SlapoTracer(fx.Tracer):
             rel = ".".join(p for p in (self.rel, path) if p)
             # The nested trace patches module calls and attributes for itself; building its
             # GraphModule afterwards must see real attributes, not this trace's proxies.
-            with self._real_values():
-                sub, out_meta = _trace_graph_module(m, plan, self.leaves, self.flatten,
-                                                    self._full(path), rel, self.fake_mode)
+            try:
+                with self._real_values():
+                    sub, out_meta = _trace_graph_module(m, plan, self.leaves, self.flatten,
+                                                        self._full(path), rel, self.fake_mode)
+            except Exception as err:
+                # As upstream Slapo's tracer: a submodule that cannot be traced stays whole,
+                # one call in its parent's graph; only the module trace() ran on must trace.
+                warnings.warn(f"trace kept '{self._full(path)}' ({type(m).__name__}) whole, as "
+                              f"one call: {_trace_error(err, self._full(path), m)}",
+                              stacklevel=2)
+                return self.create_proxy("call_module", path, args, kwargs)
             self.children[path] = (sub, [s.name for s in plan.slots], out_meta)
         inputs = [self._slot_value(plan, slot, args, kwargs) for slot in plan.slots]
         self._known_meta = out_meta

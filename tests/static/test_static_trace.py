@@ -8,6 +8,7 @@ Tolerance: 3 SGD steps in fp32; relative error ``||a - b|| / max(||b||, 1e-3)``
 """
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -142,18 +143,35 @@ def test_whole_llama_model_flat_trains_like_plain():
     assert_trains_alike(train_side_by_side(plain, scheduled, batches, hf_loss), "llama")
 
 
-# --- errors ---------------------------------------------------------------------------
+# --- errors, and submodules kept whole ----------------------------------------------------
 def test_untraceable_model_error_names_module_and_reason():
     from transformers import GPTNeoForCausalLM
     sch = slapo.create_schedule(GPTNeoForCausalLM(gpt_neo_config()))
     ids = torch.zeros(2, 8, dtype=torch.long)
-    with pytest.raises(TraceError) as err:
-        sch.trace(example_inputs={"input_ids": ids})  # builds a DynamicCache: not a graph value
+    with pytest.raises(TraceError) as err:  # builds a DynamicCache: not a graph value
+        sch["transformer"].trace(example_inputs={"input_ids": ids})
     message = str(err.value)
     assert "cannot trace 'transformer' (GPTNeoModel)" in message
     assert "DynamicCache" in message and "use_cache" in message
     assert err.value.path == "transformer" and err.value.module_class == "GPTNeoModel"
-    assert isinstance(sch.mod, GPTNeoForCausalLM)  # the model is left as it was
+    assert type(sch["transformer"].mod).__name__ == "GPTNeoModel"  # left as it was
+
+
+def test_untraceable_submodule_stays_whole_with_a_warning():
+    # Upstream Slapo's tracer: a submodule that cannot be traced stays one call in its
+    # parent's graph; the warning names it and says why.
+    from transformers import GPTNeoForCausalLM
+    model = GPTNeoForCausalLM(gpt_neo_config()).eval()
+    sch = slapo.create_schedule(copy.deepcopy(model))
+    ids = torch.randint(0, model.config.vocab_size, (2, 8))
+    with pytest.warns(UserWarning, match=r"trace kept 'transformer' \(GPTNeoModel\) whole.*"
+                                         r"DynamicCache.*use_cache"):
+        sch.trace(example_inputs={"input_ids": ids})
+    assert isinstance(sch.mod, fx.GraphModule)
+    assert type(sch["transformer"].mod).__name__ == "GPTNeoModel"
+    assert "transformer" in [n.target for n in sch.mod.graph.nodes if n.op == "call_module"]
+    with torch.no_grad():
+        assert torch.equal(sch.mod(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
 class _Gate(nn.Module):
@@ -182,13 +200,62 @@ class _Outer(nn.Module):
 
 def test_data_dependent_control_flow_error_names_module():
     sch = slapo.create_schedule(_Outer())
+    # _Gate has no parameters, so it is traced into its caller, whose trace fails on it.
     with pytest.raises(TraceError, match=r"cannot trace 'block\.gate' \(_Gate\).*control flow "
                                          r"depends on the data"):
+        sch["block"].trace(example_inputs=(torch.randn(2, 4),))
+    # From the root, the block stays whole, and the warning says why.
+    with pytest.warns(UserWarning, match=r"trace kept 'block' \(_Block\) whole.*"
+                                         r"cannot trace 'block\.gate'"):
         sch.trace(example_inputs=(torch.randn(2, 4),))
-    # Making it a leaf gets past it.
-    sch.trace(leaves=[_Gate], example_inputs=(torch.randn(2, 4),))
+    assert isinstance(sch["block"].mod, _Block)
+    # Making it a leaf gets past it: the block is traced, without a warning.
+    sch = slapo.create_schedule(_Outer())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sch.trace(leaves=[_Gate], example_inputs=(torch.randn(2, 4),))
+    assert isinstance(sch["block"].mod, fx.GraphModule)
     x = torch.randn(2, 4)
     assert torch.equal(sch.mod(x), sch.mod.block.gate(sch.mod.block.proj(x)))
+
+
+class _Pre(nn.Module):  # its forward compares a torch.Size with an int: fx cannot trace it
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.size() > 0:
+            return self.linear(x)
+        return x
+
+
+class _Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre = _Pre()
+        self.layers = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        self.post = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+
+    def forward(self, x):
+        return self.post(self.layers(self.pre(x)))
+
+
+def test_trace_until_keeps_an_untraceable_sibling_whole():
+    # upstream's newest test_pipeline_partition: the root and 'layers' are traced, 'pre'
+    # stays its module, 'post' is traced, and stages can be cut between the layers
+    sch = slapo.create_schedule(_Stack())
+    with pytest.warns(UserWarning, match=r"trace kept 'pre' \(_Pre\) whole"):
+        sch.trace_until("layers")
+    assert isinstance(sch.mod, fx.GraphModule)
+    assert isinstance(sch["pre"].mod, _Pre)
+    assert isinstance(sch["layers"].mod, fx.GraphModule)
+    assert isinstance(sch["post"].mod, fx.GraphModule)
+    sch["layers.0"].cut_pipeline_stage()
+    from slapo.pipeline import generate_pipeline_partition
+    sch = generate_pipeline_partition(sch)
+    assert isinstance(sch["submod_0.pre"].mod, _Pre)
+    assert isinstance(sch["submod_1.post"].mod, fx.GraphModule)
 
 
 def test_shapes_need_example_inputs():
