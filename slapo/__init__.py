@@ -9,7 +9,7 @@
 ``slapo.list_primitives()`` lists the primitives; ``help(sch.<primitive>)`` explains one.
 """
 
-from . import framework_dialect, model_dialect, pipeline
+from . import framework_dialect, initialization, model_dialect, model_schedule, op, pipeline, tracer
 from .autotune import Database, Space, Symbol
 from .build import build, build_module, init_empty_weights
 from .env import cleanup, execute, setup
@@ -31,4 +31,6 @@ __all__ = ["Database", "ModulePattern", "Pattern", "Schedule", "ShardSpec", "Spa
            "cleanup", "create_schedule", "execute", "get_annotations", "get_cuda_rng_tracker",
            "get_logger", "get_primitive", "init_empty_weights", "list_primitives",
            "register_primitive", "set_random_seed", "setup", "shard_spec",
-           "framework_dialect", "model_dialect", "pipeline"]  # subpackages upstream reads
+           # subpackages upstream's users reach as attributes (its tutorials: slapo.op.Print())
+           "framework_dialect", "initialization", "model_dialect", "model_schedule", "op",
+           "pipeline", "tracer"]

@@ -239,6 +239,20 @@ def test_import_slapo_keeps_frameworks_out():
     assert out.strip() == "[]"
 
 
+def test_import_slapo_reaches_the_subpackages_upstreams_tutorials_use():
+    # upstream's tutorials call slapo.op.Print() and slapo.env.setup(...) after a bare
+    # `import slapo`; a fresh interpreter, so that no other test's import makes it pass
+    import subprocess
+    import sys
+    code = ("import slapo; "
+            "print(slapo.op.Print.__name__, slapo.env.setup.__name__, "
+            "slapo.tracer.trace.__name__, slapo.model_schedule.apply_schedule.__name__, "
+            "slapo.initialization.init_empty_weights.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["Print", "setup", "trace", "apply_schedule", "init_empty_weights"]
+
+
 def test_flash_attention_matches_gpt2_attention_within_upstreams_tolerance():
     """slapo.op.FlashAttention against transformers' GPT2Attention, as upstream's op test
     compares them (fused q, k, v interleaved per head; tolerance 5e-2). transformers 5 leaves
