@@ -13,12 +13,13 @@ Upstream keys and what they do here:
   ``"head"``, the default here), or, as upstream's default ``"uniform"``, every
   ``int(1 / ckpt_ratio)``-th layer from the first (BERT, RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA;
   refused for T5 and WideResNet between 0 and 1, where the two methods differ);
-- ``pipeline_cuts``: a list of layer indices (GPT-Neo, LLaMA): the root is traced as upstream's
-  ``generate_pipeline_schedule`` traced it (``trace_for_pipeline`` down to the base model,
-  whose layers stay calls; the inputs ``input_ids``, ``attention_mask`` and ``position_ids``
-  stay arguments, in that order, every other argument is fixed at its default) and a pipeline
-  stage is cut after each listed layer; ``slapo.build(sch, target="deepspeed", topology=...)``
-  (or ``target="pipeline"``) then runs the stages;
+- ``pipeline_cuts``: a list of layer indices (BERT, RoBERTa, GPT-Neo, LLaMA): the root is
+  traced as upstream's ``generate_pipeline_schedule`` traced it (``trace_for_pipeline`` down to
+  the base model, whose layers stay calls; upstream's inputs stay arguments, in its order,
+  ``input_ids``, ``attention_mask`` and ``token_type_ids`` (BERT, RoBERTa) or ``position_ids``
+  (GPT-Neo, LLaMA); every other argument is fixed at its default) and a pipeline stage is cut
+  after each listed layer; ``slapo.build(sch, target="deepspeed", topology=...)`` (or
+  ``target="pipeline"``) then runs the stages;
 - ``bcast_input``: with tensor parallelism, a ``fwd_pre`` sync on the root broadcasts each
   tensor passed positionally from the first rank of the schedule's group, as upstream's
   ``broadcast_input`` did (a pipeline calls its stages, not the root: there it does nothing,
@@ -62,10 +63,13 @@ _OFF_ONLY = ("sequence_parallel", "disable_fuse_bias_gelu")
 LAYER_LISTS = {"bert": "encoder.layer", "roberta": "encoder.layer", "gpt2": "h",
                "gpt_neo": "h", "opt": "decoder.layers", "llama": "layers"}
 # The families whose whole model is traced and cut into pipeline stages (tested: a tiny
-# model of each trains like the plain one on DeepSpeed's pipeline engine).
-PIPELINE_FAMILIES = ("gpt_neo", "llama")
-# The arguments a pipeline's first stage takes, in this order (upstream's input names).
-PIPELINE_INPUTS = ("input_ids", "attention_mask", "position_ids")
+# model of each trains like the plain one on DeepSpeed's pipeline engine), and the arguments
+# their first stage takes, in this order (upstream's input names for each).
+PIPELINE_INPUTS = {"bert": ("input_ids", "attention_mask", "token_type_ids"),
+                   "roberta": ("input_ids", "attention_mask", "token_type_ids"),
+                   "gpt_neo": ("input_ids", "attention_mask", "position_ids"),
+                   "llama": ("input_ids", "attention_mask", "position_ids")}
+PIPELINE_FAMILIES = tuple(PIPELINE_INPUTS)
 
 
 def apply_schedule(model, model_config, **sch_config):
@@ -166,11 +170,11 @@ def _check_cuts(model, family: str, cuts) -> None:
 
 def _cut_pipeline_stages(sch, family: str, cuts) -> None:
     """Upstream's ``generate_pipeline_schedule``: trace the root down to the base model (its
-    layers stay calls), its inputs ``PIPELINE_INPUTS``, and cut a stage after each layer of
-    ``cuts`` (checked by ``_check_cuts``)."""
+    layers stay calls), its inputs the family's ``PIPELINE_INPUTS``, and cut a stage after each
+    layer of ``cuts`` (checked by ``_check_cuts``)."""
     path = layer_list_path(sch.mod, family)
     fixed = {p.name: p.default for p in inspect.signature(sch.mod.forward).parameters.values()
-             if p.name not in PIPELINE_INPUTS
+             if p.name not in PIPELINE_INPUTS[family]
              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     sch.trace_for_pipeline(path.rpartition(".")[0], concrete_args=fixed)
     for cut in cuts:

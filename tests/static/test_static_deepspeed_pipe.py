@@ -21,6 +21,9 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   ``bcast_input``, uniform checkpointing; ``ParallelCrossEntropy``; micro-batches of
   ``[input_ids, attention_mask, position_ids], labels``), from the plain model's weights
   (its losses) and from the meta device (one step); and ``bcast_input`` without a pipeline;
+- upstream's pipelines of BERT and RoBERTa through ``apply_schedule``'s ``pipeline_cuts``
+  (``[input_ids, attention_mask, token_type_ids]``), pipeline 2 x tensor 2, the MLM decoder
+  tied to the word embedding across the stages, a vocabulary-parallel loss;
 - data 2 x pipeline 2 under torch's autocast in bf16: around ``train_batch`` (DeepSpeed turns it
   off in its forward) and in DeepSpeed's ``torch_autocast`` section (it computes in bf16);
 - misuse (no topology, no config, stages the topology does not have): an error saying what
@@ -188,6 +191,45 @@ def _upstream_3d(meta=False):
     return {"losses": losses, "checkpointed": checkpointed, "stage": topo.stage_index}
 
 
+def mlm_loss(output, labels):
+    logits = output[0] if isinstance(output, (tuple, list)) else output
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def _upstream_encoder_pipeline(name):
+    """Upstream's pipeline of BERT and RoBERTa (its model schedules'
+    ``generate_pipeline_schedule``: the encoder's layers cut, the inputs ``input_ids``,
+    ``attention_mask``, ``token_type_ids``), through ``apply_schedule`` with tensor
+    parallelism and a vocabulary-parallel loss, pipeline 2 x tensor 2, from the plain model's
+    weights; the MLM head's decoder is tied to the word embedding across the stages."""
+    from slapo.model_schedule import apply_schedule
+    from slapo.op import ParallelCrossEntropy
+
+    topo = slapo.Topology(dp=1, pp=2, tp=2)
+    model = _model(name)
+    sch = apply_schedule(model, model.config, group=topo.tensor_group, pipeline_cuts=[0],
+                         bcast_input=True, ckpt_ratio=0.5, checkpoint_method="uniform")
+    parallel_loss = ParallelCrossEntropy(group=topo.tensor_group)
+
+    def loss_fn(outputs, labels):
+        return parallel_loss(outputs, labels).mean()
+
+    config = {"train_batch_size": BATCH, "train_micro_batch_size_per_gpu": MICRO,
+              "gradient_accumulation_steps": BATCH // MICRO, "gradient_clipping": CLIP,
+              "steps_per_print": 10 ** 6}
+    engine, _ = slapo.build(sch, topology=topo, target="deepspeed", config=config,
+                            loss_fn=loss_fn, init_weights=False,
+                            optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+    losses = []
+    for step in range(STEPS):
+        ids, mask, labels = _batch(name, step)
+        types = torch.zeros_like(ids)
+        micro = [([ids[k:k + MICRO], mask[k:k + MICRO], types[k:k + MICRO]],
+                  labels[k:k + MICRO]) for k in range(0, BATCH, MICRO)]
+        losses.append(engine.train_batch(data_iter=iter(micro)).item())
+    return {"losses": losses}
+
+
 def _broadcast_input():
     """``bcast_input`` without a pipeline: each tensor rank is given other ids (the second a
     view that is not contiguous), and computes on its group's first rank's."""
@@ -281,6 +323,8 @@ def _all():
                                      device="cpu", compile_layers=True),
             "gpt_neo_dp": _train("gpt-neo-tiny", dp=2, pp=2, tp=1, deepspeed_topology=True),
             "model_loss": _train("llama-tiny", dp=2, pp=2, tp=1, model_loss=True),
+            "bert": _upstream_encoder_pipeline("bert-tiny"),
+            "roberta": _upstream_encoder_pipeline("roberta-tiny"),
             "meta": _from_meta(), "misuse": _misuse(), "upstream_3d": _upstream_3d(),
             "upstream_3d_meta": _upstream_3d(meta=True),
             "broadcast": _broadcast_input(), "autocast": _autocast()}
@@ -291,13 +335,13 @@ def ranks():
     return run_ranks(_all, world_size=4)
 
 
-def _plain_losses(name):
+def _plain_losses(name, loss_fn=causal_loss):
     model = _model(name)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for step in range(STEPS):
         ids, mask, labels = _batch(name, step)
-        loss = causal_loss(model(input_ids=ids, attention_mask=mask, return_dict=False), labels)
+        loss = loss_fn(model(input_ids=ids, attention_mask=mask, return_dict=False), labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
@@ -347,6 +391,14 @@ def test_upstreams_3d_example_trains_like_the_plain_model(ranks):
         # ckpt_ratio 0.5, uniform: every 2nd of the 2 layers, the first (in stage 0)
         assert got["checkpointed"] == (["0.stage.transformer.h.0"] if got["stage"] == 0
                                        else []), got
+
+
+@pytest.mark.parametrize("run,name", [("bert", "bert-tiny"), ("roberta", "roberta-tiny")])
+def test_upstreams_encoder_pipelines_train_like_the_plain_model(ranks, run, name):
+    plain = _plain_losses(name, mlm_loss)
+    for rank, result in enumerate(ranks):
+        for step, (mine, expected) in enumerate(zip(result[run]["losses"], plain, strict=True)):
+            assert abs(mine - expected) <= TOL * abs(expected), (run, rank, step, mine, expected)
 
 
 def test_upstreams_3d_example_from_the_meta_device_trains(ranks):
