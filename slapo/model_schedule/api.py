@@ -13,13 +13,15 @@ Upstream keys and what they do here:
   ``"head"``, the default here), or, as upstream's default ``"uniform"``, every
   ``int(1 / ckpt_ratio)``-th layer from the first (BERT, RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA;
   refused for T5 and WideResNet between 0 and 1, where the two methods differ);
-- ``pipeline_cuts``: a list of layer indices (BERT, RoBERTa, GPT-Neo, LLaMA): the root is
+- ``pipeline_cuts``: a list of layer indices (BERT, RoBERTa, GPT-Neo, LLaMA), or for
+  WideResNet four lists of block indices, one for each of ``layer1`` .. ``layer4``: the root is
   traced as upstream's ``generate_pipeline_schedule`` traced it (``trace_for_pipeline`` down to
-  the base model, whose layers stay calls; upstream's inputs stay arguments, in its order,
-  ``input_ids``, ``attention_mask`` and ``token_type_ids`` (BERT, RoBERTa) or ``position_ids``
-  (GPT-Neo, LLaMA); every other argument is fixed at its default) and a pipeline stage is cut
-  after each listed layer; ``slapo.build(sch, target="deepspeed", topology=...)`` (or
-  ``target="pipeline"``) then runs the stages;
+  the layer lists, whose layers stay calls; upstream's inputs stay arguments, ``input_ids``,
+  ``attention_mask`` and ``token_type_ids`` (BERT, RoBERTa) or ``position_ids`` (GPT-Neo,
+  LLaMA), ``pixel_values`` (WideResNet; upstream's torchvision model called it ``x``); every
+  other argument is fixed at its default) and a pipeline stage is cut after each listed
+  layer; ``slapo.build(sch, target="deepspeed", topology=...)`` (or ``target="pipeline"``)
+  then runs the stages;
 - ``bcast_input``: with tensor parallelism, a ``fwd_pre`` sync on the root broadcasts each
   tensor passed positionally from the first rank of the schedule's group, as upstream's
   ``broadcast_input`` did (a pipeline calls its stages, not the root: there it does nothing,
@@ -68,8 +70,12 @@ LAYER_LISTS = {"bert": "encoder.layer", "roberta": "encoder.layer", "gpt2": "h",
 PIPELINE_INPUTS = {"bert": ("input_ids", "attention_mask", "token_type_ids"),
                    "roberta": ("input_ids", "attention_mask", "token_type_ids"),
                    "gpt_neo": ("input_ids", "attention_mask", "position_ids"),
-                   "llama": ("input_ids", "attention_mask", "position_ids")}
+                   "llama": ("input_ids", "attention_mask", "position_ids"),
+                   "wideresnet": ("pixel_values",)}  # upstream's torchvision model: "x"
 PIPELINE_FAMILIES = tuple(PIPELINE_INPUTS)
+# WideResNet's blocks are in four lists, and its pipeline_cuts one list of blocks for each
+# (upstream's form): [[cuts in layer1], [.. layer2], [.. layer3], [.. layer4]].
+WIDERESNET_LAYERS = ("layer1", "layer2", "layer3", "layer4")
 
 
 def apply_schedule(model, model_config, **sch_config):
@@ -114,7 +120,7 @@ def apply_schedule(model, model_config, **sch_config):
             raise NotImplementedError(f"apply_schedule: pipeline_cuts for {family}: the "
                                       f"families cut into pipeline stages here are "
                                       f"{', '.join(PIPELINE_FAMILIES)}")
-        _check_cuts(model, family, cuts)
+        _cut_paths(model, family, cuts)
     _cast(model, sch_config)
     prefix = sch_config.get("prefix", "")
     if prefix and prefix not in dict(model.named_modules()):
@@ -159,26 +165,51 @@ def _broadcast_inputs(group):
     return lambda module, inputs: tuple(broadcast_from_first(list(inputs), group))
 
 
-def _check_cuts(model, family: str, cuts) -> None:
-    count = len(model.get_submodule(layer_list_path(model, family)))
-    if any(not isinstance(cut, int) for cut in cuts) or list(cuts) != sorted(set(cuts)) \
-            or not all(0 <= cut < count - 1 for cut in cuts):
-        raise ValueError(f"apply_schedule: pipeline_cuts {list(cuts)} must be increasing layer "
-                         f"indices from 0 to {count - 2} (a stage is cut after each; the "
-                         f"model has {count} layers)")
+def _cut_paths(model, family: str, cuts) -> tuple[list[str], list[str]]:
+    """The paths of the layers to cut after, and of the layer lists to trace until, for
+    ``pipeline_cuts``; a ValueError where the cuts are not layers of the model."""
+    if family == "wideresnet":
+        counts = [len(model.get_submodule(name)) for name in WIDERESNET_LAYERS]
+        if not isinstance(cuts, (list, tuple)) or len(cuts) != len(counts) or \
+                not all(isinstance(c, (list, tuple)) for c in cuts):
+            raise ValueError(f"apply_schedule: pipeline_cuts {cuts!r} for WideResNet must be "
+                             f"{len(counts)} lists of block indices, one for each of "
+                             f"{', '.join(WIDERESNET_LAYERS)} (blocks {counts})")
+        for k, (name, count, within) in enumerate(zip(WIDERESNET_LAYERS, counts, cuts)):
+            last = count - 1 if k < len(counts) - 1 else count - 2  # a last stage computes
+            _check_indices(within, last, f"{name} ({count} blocks)")
+        paths = [f"{name}.{cut}" for name, within in zip(WIDERESNET_LAYERS, cuts)
+                 for cut in within]
+        if not paths:
+            raise ValueError(f"apply_schedule: pipeline_cuts {cuts!r} cut no stage")
+        return paths, [name for name, within in zip(WIDERESNET_LAYERS, cuts) if within]
+    path = layer_list_path(model, family)
+    count = len(model.get_submodule(path))
+    _check_indices(cuts, count - 2, f"the model ({count} layers)")
+    return [f"{path}.{cut}" for cut in cuts], [path.rpartition(".")[0]]
+
+
+def _check_indices(cuts, last: int, where: str) -> None:
+    if last < 0 and cuts:
+        raise ValueError(f"apply_schedule: pipeline_cuts {cuts!r}: no stage can be cut in "
+                         f"{where} (a last stage must compute)")
+    if not isinstance(cuts, (list, tuple)) or any(not isinstance(c, int) for c in cuts) or \
+            list(cuts) != sorted(set(cuts)) or not all(0 <= cut <= last for cut in cuts):
+        raise ValueError(f"apply_schedule: pipeline_cuts {cuts!r} in {where} must be "
+                         f"increasing layer indices from 0 to {last} (a stage is cut after each)")
 
 
 def _cut_pipeline_stages(sch, family: str, cuts) -> None:
-    """Upstream's ``generate_pipeline_schedule``: trace the root down to the base model (its
+    """Upstream's ``generate_pipeline_schedule``: trace the root down to the layer lists (their
     layers stay calls), its inputs the family's ``PIPELINE_INPUTS``, and cut a stage after each
-    layer of ``cuts`` (checked by ``_check_cuts``)."""
-    path = layer_list_path(sch.mod, family)
+    layer of ``cuts`` (checked before anything was scheduled)."""
+    cut_after, trace_until = _cut_paths(sch.mod, family, cuts)
     fixed = {p.name: p.default for p in inspect.signature(sch.mod.forward).parameters.values()
              if p.name not in PIPELINE_INPUTS[family]
              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-    sch.trace_for_pipeline(path.rpartition(".")[0], concrete_args=fixed)
-    for cut in cuts:
-        sch[f"{path}.{cut}"].cut_pipeline_stage()
+    sch.trace_for_pipeline(trace_until, concrete_args=fixed)
+    for path in cut_after:
+        sch[path].cut_pipeline_stage()
 
 
 def _config_type(model_config) -> str | None:

@@ -23,7 +23,9 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   (its losses) and from the meta device (one step); and ``bcast_input`` without a pipeline;
 - upstream's pipelines of BERT and RoBERTa through ``apply_schedule``'s ``pipeline_cuts``
   (``[input_ids, attention_mask, token_type_ids]``), pipeline 2 x tensor 2, the MLM decoder
-  tied to the word embedding across the stages, a vocabulary-parallel loss;
+  tied to the word embedding across the stages, a vocabulary-parallel loss; and of
+  WideResNet (a list of block cuts for each of its four layers), its convolutions and batch
+  norms sharded;
 - data 2 x pipeline 2 under torch's autocast in bf16: around ``train_batch`` (DeepSpeed turns it
   off in its forward) and in DeepSpeed's ``torch_autocast`` section (it computes in bf16);
 - misuse (no topology, no config, stages the topology does not have): an error saying what
@@ -230,6 +232,43 @@ def _upstream_encoder_pipeline(name):
     return {"losses": losses}
 
 
+def _upstream_wideresnet_pipeline():
+    """Upstream's WideResNet pipeline (a list of block cuts for each of layer1 .. layer4)
+    through ``apply_schedule`` with tensor parallelism (its convolutions and batch norms
+    sharded), pipeline 2 x tensor 2, from the plain model's weights."""
+    from slapo.model_schedule import apply_schedule
+
+    topo = slapo.Topology(dp=1, pp=2, tp=2)
+    model = _model("wideresnet-tiny")
+    sch = apply_schedule(model, model.config, group=topo.tensor_group,
+                         pipeline_cuts=[[], [0], [], []])
+    config = {"train_batch_size": BATCH, "train_micro_batch_size_per_gpu": MICRO,
+              "gradient_accumulation_steps": BATCH // MICRO, "gradient_clipping": CLIP,
+              "steps_per_print": 10 ** 6}
+    engine, _ = slapo.build(sch, topology=topo, target="deepspeed", config=config,
+                            loss_fn=image_loss, init_weights=False,
+                            optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+    losses = []
+    for step in range(STEPS):
+        images, labels = _images(step)
+        micro = [([images[k:k + MICRO]], labels[k:k + MICRO]) for k in range(0, BATCH, MICRO)]
+        losses.append(engine.train_batch(data_iter=iter(micro)).item())
+    return {"losses": losses}
+
+
+def _images(step):
+    # 64 x 64 rather than the tiny model's 32 x 32: at 32, layer4's batch norm normalizes 2
+    # values a channel (a micro-batch of 2 at 1 x 1), which makes the training chaotic (fp32
+    # and fp64 of the plain model 1e-3 apart at step 1); at 64, 5e-7 apart after 3 steps
+    batch = synthetic_batch("wideresnet-tiny", BATCH, 0, seed=10 + step)
+    return F.interpolate(batch["pixel_values"], size=64), batch["labels"]
+
+
+def image_loss(output, labels):
+    logits = output[0] if isinstance(output, (tuple, list)) else output
+    return F.cross_entropy(logits, labels)
+
+
 def _broadcast_input():
     """``bcast_input`` without a pipeline: each tensor rank is given other ids (the second a
     view that is not contiguous), and computes on its group's first rank's."""
@@ -325,6 +364,7 @@ def _all():
             "model_loss": _train("llama-tiny", dp=2, pp=2, tp=1, model_loss=True),
             "bert": _upstream_encoder_pipeline("bert-tiny"),
             "roberta": _upstream_encoder_pipeline("roberta-tiny"),
+            "wideresnet": _upstream_wideresnet_pipeline(),
             "meta": _from_meta(), "misuse": _misuse(), "upstream_3d": _upstream_3d(),
             "upstream_3d_meta": _upstream_3d(meta=True),
             "broadcast": _broadcast_input(), "autocast": _autocast()}
@@ -399,6 +439,29 @@ def test_upstreams_encoder_pipelines_train_like_the_plain_model(ranks, run, name
     for rank, result in enumerate(ranks):
         for step, (mine, expected) in enumerate(zip(result[run]["losses"], plain, strict=True)):
             assert abs(mine - expected) <= TOL * abs(expected), (run, rank, step, mine, expected)
+
+
+def test_upstreams_wideresnet_pipeline_trains_like_the_plain_model(ranks):
+    # the plain model in train mode, as the stages: batch norm's statistics of each
+    # micro-batch, so the plain model steps on the same micro-batches, its gradients summed
+    model = _model("wideresnet-tiny")
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    plain = []
+    for step in range(STEPS):
+        images, labels = _images(step)
+        total = 0.0
+        for k in range(0, BATCH, MICRO):
+            loss = image_loss(model(images[k:k + MICRO]).logits, labels[k:k + MICRO])
+            (loss * MICRO / BATCH).backward()
+            total += loss.item() * MICRO / BATCH
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        plain.append(total)
+    for rank, result in enumerate(ranks):
+        for step, (mine, expected) in enumerate(zip(result["wideresnet"]["losses"], plain,
+                                                    strict=True)):
+            assert abs(mine - expected) <= TOL * abs(expected), (rank, step, mine, expected)
 
 
 def test_upstreams_3d_example_from_the_meta_device_trains(ranks):

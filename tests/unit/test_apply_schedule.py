@@ -122,34 +122,56 @@ def test_pipeline_cuts_must_be_layers_of_the_model(cuts):
     from slapo_ae.zoo import build_model
 
     model = build_model("llama-tiny")  # 2 layers: the one cut is after layer 0
-    with pytest.raises(ValueError, match=r"pipeline_cuts .* must be increasing layer indices "
-                                         r"from 0 to 0 .*the model has 2 layers"):
+    with pytest.raises(ValueError, match=r"pipeline_cuts .* in the model \(2 layers\) must be "
+                                         r"increasing layer indices from 0 to 0"):
         apply_schedule(model, model.config, pipeline_cuts=cuts)
     assert model.config._attn_implementation != "slapo_sdpa"  # refused before scheduling
 
 
-@pytest.mark.parametrize("name, key, inputs", [
-    ("llama-tiny", "llama", ["input_ids", "attention_mask", "position_ids"]),
-    ("bert-tiny", "bert", ["input_ids", "attention_mask", "token_type_ids"]),
+@pytest.mark.parametrize("cuts, match", [
+    ([0, 0, 0], r"must be 4 lists of block indices, one for each of layer1, layer2, layer3, "
+                r"layer4 \(blocks \[1, 1, 1, 1\]\)"),
+    ([[0], [1], [], []], r"pipeline_cuts \[1\] in layer2 \(1 blocks\) must be increasing "
+                         r"layer indices from 0 to 0"),
+    ([[], [], [], [0]], r"no stage can be cut in layer4 \(1 blocks\)"),
+    ([[], [], [], []], r"cut no stage"),
 ])
-def test_pipeline_cuts_trace_the_model_and_cut_its_stages(name, key, inputs):
+def test_wideresnet_pipeline_cuts_are_a_list_per_layer(cuts, match):
+    from slapo_ae.zoo import build_model
+
+    model = build_model("wideresnet-tiny")  # one block in each of layer1 .. layer4
+    with pytest.raises(ValueError, match=match):
+        apply_schedule(model, model.config, pipeline_cuts=cuts)
+
+
+@pytest.mark.parametrize("name, key, inputs, cuts", [
+    ("llama-tiny", "llama", ["input_ids", "attention_mask", "position_ids"], [0]),
+    ("bert-tiny", "bert", ["input_ids", "attention_mask", "token_type_ids"], [0]),
+    ("wideresnet-tiny", "wideresnet", ["pixel_values"], [[0], [], [0], []]),
+])
+def test_pipeline_cuts_trace_the_model_and_cut_its_stages(name, key, inputs, cuts):
     from slapo.pipeline.partition import split_stages
     from slapo_ae.zoo import build_model, synthetic_batch
 
     model = build_model(name).eval()
     plain = copy.deepcopy(model)
-    sch = apply_schedule(model, model.config, schedule_key=key, pipeline_cuts=[0])
+    sch = apply_schedule(model, model.config, schedule_key=key, pipeline_cuts=cuts)
     stages = split_stages(sch, tied=True)  # BERT's MLM decoder shares the word embedding
-    assert len(stages) == 2
+    assert len(stages) == 1 + sum(len(c) if isinstance(c, list) else 1 for c in cuts)
     assert [n.name for n in stages[0].graph.nodes if n.op == "placeholder"] == inputs
     batch = synthetic_batch(name, 2, 12, seed=0)
-    ids = batch["input_ids"]
-    third = torch.zeros_like(ids) if key == "bert" else torch.arange(12).expand_as(ids)
-    values = [ids, batch["attention_mask"], third]  # token types, or positions
+    if key == "wideresnet":
+        values = [batch["pixel_values"]]
+        kwargs = {"pixel_values": batch["pixel_values"]}
+    else:
+        ids = batch["input_ids"]
+        third = torch.zeros_like(ids) if key == "bert" else torch.arange(12).expand_as(ids)
+        values = [ids, batch["attention_mask"], third]  # token types, or positions
+        kwargs = {"input_ids": ids, "attention_mask": batch["attention_mask"]}
     for stage in stages:  # stage by stage, the model's logits
         values = stage(*values)
     with torch.no_grad():
-        expected = plain(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        expected = plain(**kwargs)
     torch.testing.assert_close(values.logits, expected.logits, rtol=1e-5, atol=1e-5)
 
 
