@@ -80,6 +80,11 @@ PIPELINE_CUTS = "_slapo_pipeline_cuts"  # the module paths a stage ends after, i
 # pipeline.build_pipeline, whose last stage computes that loss when no loss_fn is given.
 PIPELINE_LOSS = "_slapo_pipeline_loss"
 
+# Written by the tracer on a submodule it kept whole because it could not trace it (the
+# error, as text); read by the errors of primitives that then find no graph calling a module
+# inside it.
+UNTRACED = "_slapo_untraced"
+
 # --- tracer-private marks -----------------------------------------------------------------
 # Written on the wrappers the tracer puts in place of torch constructors (torch.arange, ...)
 # and read when patching, so that a nested trace does not wrap a wrapper.
@@ -190,6 +195,17 @@ def full_padding_idx(mod: Any) -> int | None:
 
 def set_full_padding_idx(mod: Any, padding_idx: int) -> None:
     mod.__dict__[FULL_PADDING_IDX] = padding_idx
+
+
+def untraced_reason(mod: Any) -> str | None:
+    return mod.__dict__.get(UNTRACED)
+
+
+def set_untraced_reason(mod: Any, reason: str | None) -> None:
+    if reason is None:
+        mod.__dict__.pop(UNTRACED, None)
+    else:
+        mod.__dict__[UNTRACED] = reason
 
 
 def is_pipeline_partition(mod: Any) -> bool:

@@ -60,6 +60,13 @@ def not_called_reason(sch) -> str:
     """Why no traced graph calls ``sch``'s module (for error messages)."""
     node = sch.parent
     while node is not None:
+        reason = state.untraced_reason(node.mod)
+        if reason is not None:
+            return (f"'{node.path}' ({type(node.mod).__name__}) around it was kept whole by "
+                    f"trace, which could not trace it: {reason}")
+        node = node.parent
+    node = sch.parent
+    while node is not None:
         if isinstance(node.mod, fx.GraphModule):
             return (f"'{node.path or '<root>'}' is traced but its graph does not call this module "
                     "itself (it was traced into the graph, or sits inside a leaf): trace with "

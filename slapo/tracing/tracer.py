@@ -153,6 +153,7 @@ class SlapoTracer(fx.Tracer):
             return forward(*args, **kwargs)  # a stateless module made on the fly: inline it
         try:
             if self.flatten or self.is_leaf_module(m, path) or _stateless(m):
+                state.set_untraced_reason(m, None)  # whole by choice: drop an earlier mark
                 return super().call_module(m, forward, args, kwargs)
             return self._call_child(m, path, args, kwargs)
         except Exception as err:
@@ -183,9 +184,10 @@ class SlapoTracer(fx.Tracer):
             except Exception as err:
                 # As upstream Slapo's tracer: a submodule that cannot be traced stays whole,
                 # one call in its parent's graph; only the module trace() ran on must trace.
+                reason = str(_trace_error(err, self._full(path), m))
+                state.set_untraced_reason(m, reason)
                 warnings.warn(f"trace kept '{self._full(path)}' ({type(m).__name__}) whole, as "
-                              f"one call: {_trace_error(err, self._full(path), m)}",
-                              stacklevel=2)
+                              f"one call: {reason}", stacklevel=2)
                 return self.create_proxy("call_module", path, args, kwargs)
             self.children[path] = (sub, [s.name for s in plan.slots], out_meta)
         inputs = [self._slot_value(plan, slot, args, kwargs) for slot in plan.slots]

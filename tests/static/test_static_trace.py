@@ -251,6 +251,10 @@ def test_trace_until_keeps_an_untraceable_sibling_whole():
     assert isinstance(sch["pre"].mod, _Pre)
     assert isinstance(sch["layers"].mod, fx.GraphModule)
     assert isinstance(sch["post"].mod, fx.GraphModule)
+    with pytest.raises(ValueError, match=r"cannot cut the pipeline after 'pre.linear'.*'pre' "
+                                         r"\(_Pre\) around it was kept whole by trace, which "
+                                         r"could not trace it: cannot trace 'pre'"):
+        sch["pre.linear"].cut_pipeline_stage()
     sch["layers.0"].cut_pipeline_stage()
     from slapo.pipeline import generate_pipeline_partition
     sch = generate_pipeline_partition(sch)
