@@ -13,15 +13,18 @@ Upstream keys and what they do here:
   ``"head"``, the default here), or, as upstream's default ``"uniform"``, every
   ``int(1 / ckpt_ratio)``-th layer from the first (BERT, RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA;
   refused for T5 and WideResNet between 0 and 1, where the two methods differ);
-- ``pipeline_cuts``: a list of layer indices (BERT, RoBERTa, GPT-Neo, LLaMA), or for
-  WideResNet four lists of block indices, one for each of ``layer1`` .. ``layer4``: the root is
-  traced as upstream's ``generate_pipeline_schedule`` traced it (``trace_for_pipeline`` down to
-  the layer lists, whose layers stay calls; upstream's inputs stay arguments, ``input_ids``,
-  ``attention_mask`` and ``token_type_ids`` (BERT, RoBERTa) or ``position_ids`` (GPT-Neo,
-  LLaMA), ``pixel_values`` (WideResNet; upstream's torchvision model called it ``x``); every
-  other argument is fixed at its default) and a pipeline stage is cut after each listed
-  layer; ``slapo.build(sch, target="deepspeed", topology=...)`` (or ``target="pipeline"``)
-  then runs the stages;
+- ``pipeline_cuts``: a list of layer indices (BERT, RoBERTa, GPT-Neo, LLaMA), or, in
+  upstream's form for models with several layer lists, one list for each: WideResNet's
+  ``layer1`` .. ``layer4``; T5's ``encoder.block`` and ``decoder.block``, with a stage
+  boundary after the encoder as well. The root is traced as upstream's
+  ``generate_pipeline_schedule`` traced it (``trace_for_pipeline`` down to the layer lists,
+  whose layers stay calls; upstream's inputs stay arguments, in the forward's order:
+  ``input_ids``, ``attention_mask`` and ``token_type_ids`` (BERT, RoBERTa) or ``position_ids``
+  (GPT-Neo, LLaMA), with ``decoder_input_ids`` and ``decoder_attention_mask`` (T5),
+  ``pixel_values`` (WideResNet; upstream's torchvision model called it ``x``); every other
+  argument is fixed at its default, ``use_cache`` off) and a pipeline stage is cut after each
+  listed layer; ``slapo.build(sch, target="deepspeed", topology=...)`` (or
+  ``target="pipeline"``) then runs the stages;
 - ``bcast_input``: with tensor parallelism, a ``fwd_pre`` sync on the root broadcasts each
   tensor passed positionally from the first rank of the schedule's group, as upstream's
   ``broadcast_input`` did (a pipeline calls its stages, not the root: there it does nothing,
@@ -51,6 +54,7 @@ from __future__ import annotations
 import inspect
 
 from ..schedule import create_schedule
+from ..tracing.hf_inputs import named_example_inputs
 from . import model_type, schedule_model
 from .registry import SCHEDULE_METHODS, get_schedule_method, short_name
 
@@ -71,11 +75,15 @@ PIPELINE_INPUTS = {"bert": ("input_ids", "attention_mask", "token_type_ids"),
                    "roberta": ("input_ids", "attention_mask", "token_type_ids"),
                    "gpt_neo": ("input_ids", "attention_mask", "position_ids"),
                    "llama": ("input_ids", "attention_mask", "position_ids"),
+                   "t5": ("input_ids", "attention_mask", "decoder_input_ids",
+                          "decoder_attention_mask"),
                    "wideresnet": ("pixel_values",)}  # upstream's torchvision model: "x"
 PIPELINE_FAMILIES = tuple(PIPELINE_INPUTS)
-# WideResNet's blocks are in four lists, and its pipeline_cuts one list of blocks for each
-# (upstream's form): [[cuts in layer1], [.. layer2], [.. layer3], [.. layer4]].
-WIDERESNET_LAYERS = ("layer1", "layer2", "layer3", "layer4")
+# Families whose layers are in several lists, and their pipeline_cuts one list of layer
+# indices for each (upstream's form): WideResNet [[cuts in layer1], .., [.. layer4]]; T5
+# [[cuts in encoder.block], [.. decoder.block]], with a cut after the encoder as well.
+LAYER_GROUPS = {"wideresnet": ("layer1", "layer2", "layer3", "layer4"),
+                "t5": ("encoder.block", "decoder.block")}
 
 
 def apply_schedule(model, model_config, **sch_config):
@@ -168,21 +176,25 @@ def _broadcast_inputs(group):
 def _cut_paths(model, family: str, cuts) -> tuple[list[str], list[str]]:
     """The paths of the layers to cut after, and of the layer lists to trace until, for
     ``pipeline_cuts``; a ValueError where the cuts are not layers of the model."""
-    if family == "wideresnet":
-        counts = [len(model.get_submodule(name)) for name in WIDERESNET_LAYERS]
+    if family in LAYER_GROUPS:
+        groups = LAYER_GROUPS[family]
+        counts = [len(model.get_submodule(name)) for name in groups]
         if not isinstance(cuts, (list, tuple)) or len(cuts) != len(counts) or \
                 not all(isinstance(c, (list, tuple)) for c in cuts):
-            raise ValueError(f"apply_schedule: pipeline_cuts {cuts!r} for WideResNet must be "
-                             f"{len(counts)} lists of block indices, one for each of "
-                             f"{', '.join(WIDERESNET_LAYERS)} (blocks {counts})")
-        for k, (name, count, within) in enumerate(zip(WIDERESNET_LAYERS, counts, cuts)):
-            last = count - 1 if k < len(counts) - 1 else count - 2  # a last stage computes
-            _check_indices(within, last, f"{name} ({count} blocks)")
-        paths = [f"{name}.{cut}" for name, within in zip(WIDERESNET_LAYERS, cuts)
-                 for cut in within]
+            raise ValueError(f"apply_schedule: pipeline_cuts {cuts!r} for {family} must be "
+                             f"{len(counts)} lists of layer indices, one for each of "
+                             f"{', '.join(groups)} (layers {counts})")
+        for k, (name, count, within) in enumerate(zip(groups, counts, cuts)):
+            # a last stage computes; T5's encoder ends a stage after its last block anyway
+            last = count - 1 if k < len(counts) - 1 and family != "t5" else count - 2
+            _check_indices(within, last, f"{name} ({count} layers)")
+        paths = [f"{name}.{cut}" for name, within in zip(groups, cuts) for cut in within]
+        if family == "t5":  # upstream's: the encoder and the decoder in stages of their own
+            return (paths[:len(cuts[0])] + ["encoder"] + paths[len(cuts[0]):],
+                    ["encoder", "decoder"])
         if not paths:
             raise ValueError(f"apply_schedule: pipeline_cuts {cuts!r} cut no stage")
-        return paths, [name for name, within in zip(WIDERESNET_LAYERS, cuts) if within]
+        return paths, [name for name, within in zip(groups, cuts) if within]
     path = layer_list_path(model, family)
     count = len(model.get_submodule(path))
     _check_indices(cuts, count - 2, f"the model ({count} layers)")
@@ -207,7 +219,12 @@ def _cut_pipeline_stages(sch, family: str, cuts) -> None:
     fixed = {p.name: p.default for p in inspect.signature(sch.mod.forward).parameters.values()
              if p.name not in PIPELINE_INPUTS[family]
              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-    sch.trace_for_pipeline(trace_until, concrete_args=fixed)
+    if "use_cache" in fixed:
+        fixed["use_cache"] = False  # a pipeline keeps no cache (upstream's scripts set it off)
+    config = getattr(sch.mod, "config", None)
+    examples = None if family == "wideresnet" else \
+        named_example_inputs(sch.mod, config, PIPELINE_INPUTS[family])
+    sch.trace_for_pipeline(trace_until, example_inputs=examples, concrete_args=fixed)
     for path in cut_after:
         sch[path].cut_pipeline_stage()
 

@@ -178,8 +178,10 @@ def _loss_at_root(sch, kind: str, output_loss) -> None:
         raise ValueError(f"unknown loss kind {kind!r}; expected one of {LOSS_KINDS}")
     model = sch.mod
     inner = model.forward
-    if kind != "seq2seq":  # a traced root hands this loss to the pipeline's last stage (trace)
-        state.set_loss_fn(model, functools.partial(output_loss, kind=kind))
+    # A traced root hands this loss to the pipeline's last stage (trace). A pipeline of T5
+    # takes the decoder's inputs as inputs, so its labels line up with the logits there.
+    state.set_loss_fn(model, functools.partial(
+        output_loss, kind="causal" if kind == "causal" else "masked"))
 
     @functools.wraps(inner)
     def forward(*args, labels=None, **kwargs):
@@ -213,7 +215,8 @@ def vocab_parallel_loss(sch, kind: str) -> None:
     Tracing the root afterwards (``trace`` at the root, for a pipeline) traces the model's own
     forward, without this wrapper: the traced model returns the sharded logits, and
     ``build(target="pipeline")`` computes this loss on its last stage
-    (:func:`vocab_parallel_output_loss`; ``"causal"`` and ``"masked"``).
+    (:func:`vocab_parallel_output_loss`; ``"seq2seq"`` as ``"masked"``: a pipeline of T5 takes
+    the decoder's inputs as inputs).
     """
     _loss_at_root(sch, kind, functools.partial(vocab_parallel_output_loss, group=sch.group,
                                                vocab_size=real_vocab_size(sch.mod)))

@@ -2,13 +2,15 @@
 
 ``cut_pipeline_stage`` records cuts as module paths on the schedule root. ``split_stages``
 works on a copy of the root graph: a cut inside a nested GraphModule (``trace`` with
-``flatten=False``) is reached by inlining the GraphModules on the way into the top graph;
+``flatten=False``) is reached by inlining the GraphModules on the way into the top graph
+(a cut after a module so inlined, T5's encoder, is a cut after the last node of its graph);
 then every node goes to the stage of the last cut before it. Stage k takes the values that
 earlier stages produced and later ones use (stage 0: the model's inputs), in graph order, and
 returns those that later stages use; the last stage returns the model's output. Parameters
 and modules stay under their original names in each stage's module. Stages exchange tensors
-only: other values that cross a cut (ints, sizes, devices, tuples, None) are rewritten into
-tensors or rebuilt where they are used (below, at ``CARRIED``). ``shared_parameters`` names
+only: other values that cross a cut (ints, sizes, devices, tuples, None, a transformers
+ModelOutput) are rewritten into tensors or rebuilt where they are used (below, at
+``CARRIED``). ``shared_parameters`` names
 the parameters that several stages hold (tied weights).
 
 ``generate_pipeline_partition`` is upstream Slapo's form of the same split: the schedule root
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from dataclasses import is_dataclass
 from typing import Any
 
 import torch
@@ -59,7 +62,11 @@ def split_stages(sch, tied: bool = False) -> list[fx.GraphModule]:
         raise ValueError("no pipeline cuts: call sch['<module path>'].cut_pipeline_stage() on "
                          "the module after which a stage ends")
     graph = copy.deepcopy(gm.graph)
-    cut_nodes = [_reach(graph, gm, path) for path in cuts]
+    # the deepest paths first: a cut after a traced module (T5's encoder) whose graph a cut
+    # inside it has inlined is a cut after the last node of that inlined graph
+    inlined: dict[str, fx.Node] = {}
+    cut_nodes = [_reach(graph, gm, path, inlined)
+                 for path in sorted(cuts, key=lambda path: -path.count("."))]
     order = {n: i for i, n in enumerate(graph.nodes)}
     cut_nodes.sort(key=order.__getitem__)
     stage_of = _assign_stages(graph, cut_nodes)
@@ -79,9 +86,12 @@ def split_stages(sch, tied: bool = False) -> list[fx.GraphModule]:
     return stages
 
 
-def _reach(graph: fx.Graph, gm: fx.GraphModule, path: str) -> fx.Node:
-    """The call of module ``path`` in ``graph``, inlining nested GraphModules to reach it."""
+def _reach(graph: fx.Graph, gm: fx.GraphModule, path: str, inlined: dict) -> fx.Node:
+    """The call of module ``path`` in ``graph``, inlining nested GraphModules to reach it
+    (``inlined``: the last node of each module inlined so far, which stands for its call)."""
     while True:
+        if path in inlined:
+            return inlined[path]
         calls = [n for n in graph.nodes if n.op == "call_module" and n.target == path]
         if len(calls) > 1:
             raise ValueError(f"'{path}' is called {len(calls)} times; a pipeline cut needs a "
@@ -100,15 +110,20 @@ def _reach(graph: fx.Graph, gm: fx.GraphModule, path: str) -> fx.Node:
             raise ValueError(f"cannot cut inside '{call.target}' ({type(mod).__name__}): it is "
                              "not a plain traced graph (untraced, a leaf, or changed by a "
                              "primitive such as checkpoint); cut at its level instead")
-        _inline(graph, call, mod)
+        last = _inline(graph, call, mod)
+        for name, node in list(inlined.items()):
+            if node is call:  # an inlined module's last node was this call
+                inlined[name] = last
+        inlined[call.target] = last
 
 
-def _inline(graph: fx.Graph, call: fx.Node, child: fx.GraphModule) -> None:
+def _inline(graph: fx.Graph, call: fx.Node, child: fx.GraphModule) -> fx.Node:
+    """Put ``child``'s graph in place of its ``call``; returns the last node put in."""
     prefix = call.target
     placeholders = [n for n in child.graph.nodes if n.op == "placeholder"]
     values = list(call.args) + [call.kwargs[p.target] for p in placeholders[len(call.args):]]
     env: dict[fx.Node, Any] = dict(zip(placeholders, values))
-    result = None
+    result, last = None, call.prev
     with graph.inserting_before(call):
         for n in child.graph.nodes:
             if n.op == "placeholder":
@@ -116,7 +131,7 @@ def _inline(graph: fx.Graph, call: fx.Node, child: fx.GraphModule) -> None:
             if n.op == "output":
                 result = fx.node.map_arg(n.args[0], env.__getitem__)
                 continue
-            new = graph.node_copy(n, env.__getitem__)
+            new = last = graph.node_copy(n, env.__getitem__)
             if new.op in ("call_module", "get_attr"):
                 new.target = f"{prefix}.{n.target}"
             env[n] = new
@@ -134,6 +149,7 @@ def _inline(graph: fx.Graph, call: fx.Node, child: fx.GraphModule) -> None:
                     graph.call_function(dict, (), dict(result))
             user.replace_input_with(call, packed)
     graph.erase_node(call)
+    return last
 
 
 def _assign_stages(graph: fx.Graph, cut_nodes: list[fx.Node]) -> dict[fx.Node, int]:
@@ -158,7 +174,9 @@ def _assign_stages(graph: fx.Graph, cut_nodes: list[fx.Node]) -> dict[fx.Node, i
 # (n, 0), a torch.Size s as shape (*s, 0), a bool as (0 or 1, 0), a dtype as the dtype, a
 # device as the device (the receiving stage's own). Nothing is communicated but metadata,
 # and the value is right even in that first, empty run. A tuple or list crosses item by item
-# and is rebuilt where it is used; None is None in the stage that uses it.
+# and is rebuilt where it is used; None is None in the stage that uses it. Of a value whose
+# later users each read one item of it (x[0], x["name"], x.name) only those items cross; a
+# ModelOutput built in the graph is built again in each later stage from its fields.
 CARRIED = ("int", "bool", "Size", "dtype", "device")
 
 
@@ -211,13 +229,18 @@ def _carry_non_tensors(graph: fx.Graph, stage_of: dict[fx.Node, int], num_stages
             for user in picks:
                 user.args, user.kwargs = fx.node.map_arg((user.args, user.kwargs),
                                                          _replacing(n, None))
-        elif all(u.op == "call_function" and u.target is operator.getitem and
-                 isinstance(u.args[1], int) for u in picks):
+        elif all(_takes_item(u) for u in picks):
             # only some items of n are used later: take them out here (also where n's kind
             # is unknown: a layer of a model on the meta device whose sync could not run
-            # while tracing returns a tuple whose first item crosses)
+            # while tracing returns a tuple whose first item crosses; and for the fields of
+            # a ModelOutput, T5's encoder output)
             for user in picks:
                 stage_of[user] = stage
+        elif n.op == "call_function" and _builds_model_output(n):
+            # a transformers ModelOutput (T5's encoder output, used by the decoder's stages):
+            # built again in each later stage that uses it, so that its fields cross instead
+            _rebuild_in_stages(graph, n, later, stage_of, n.target, n.args, n.kwargs)
+            pending[:0] = n.all_input_nodes  # whether each field crosses, decided again
         elif kind == "unknown":
             continue  # taken to be a tensor
         elif kind in ("tuple", "list") and ITEMS in n.meta:
@@ -259,13 +282,27 @@ def _split_items(graph: fx.Graph, n: fx.Node, stage_of) -> list[fx.Node]:
     return items
 
 
-def _rebuild_in_stages(graph, n, later, stage_of, target, args) -> None:
-    """In each later stage that uses ``n``, one node ``target(*args)`` (inserted before the
-    stage's first use) takes ``n``'s place."""
+def _takes_item(n: fx.Node) -> bool:
+    """Whether ``n`` reads one item of a value: ``x[i]``, or of a ModelOutput ``x["name"]`` or
+    ``x.name``."""
+    return n.op == "call_function" and len(n.args) == 2 and (
+        (n.target is operator.getitem and isinstance(n.args[1], (int, str)))
+        or (n.target is getattr and isinstance(n.args[1], str)))
+
+
+def _builds_model_output(n: fx.Node) -> bool:
+    """Whether ``n`` constructs a transformers ModelOutput (a dataclass that is a dict; the
+    tracer records one so, with the fields that are set as keyword arguments)."""
+    return isinstance(n.target, type) and is_dataclass(n.target) and issubclass(n.target, dict)
+
+
+def _rebuild_in_stages(graph, n, later, stage_of, target, args, kwargs=None) -> None:
+    """In each later stage that uses ``n``, one node ``target(*args, **kwargs)`` (inserted
+    before the stage's first use) takes ``n``'s place."""
     order = {node: i for i, node in enumerate(graph.nodes)}
     for k, users in later.items():
         with graph.inserting_before(min(users, key=order.__getitem__)):
-            value = graph.call_function(target, args)
+            value = graph.call_function(target, args, kwargs or {})
         value.meta.update({key: n.meta[key] for key in (KIND, ITEMS) if key in n.meta})
         stage_of[value] = k
         for user in users:
@@ -317,12 +354,18 @@ def _build_stage_modules(gm, graph, stage_of, num_stages) -> list[fx.GraphModule
                 env[n] = g.node_copy(n, lookup)
         if last:
             g.output(fx.node.map_arg(output.args[0], lookup))
-        else:
-            g.output(tuple(env[n] for n in live_out))
+        else:  # sent as they are, and a send takes a contiguous tensor
+            g.output(tuple(g.call_function(contiguous, (env[n],)) for n in live_out))
         g.lint()
         stages.append(fx.GraphModule(gm, g, class_name=f"Stage{k}"))
         live_in = live_out
     return stages
+
+
+def contiguous(value):
+    """``value``, a tensor made contiguous (T5's position bias leaves its first stage as a
+    permuted view, which a pipeline's send refuses)."""
+    return value.contiguous() if isinstance(value, torch.Tensor) else value
 
 
 def shared_parameters(stages: list[fx.GraphModule]) -> list[list[tuple[int, str]]]:

@@ -141,6 +141,15 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
         raise RuntimeError("build(target='pipeline') needs torch.distributed initialised, one "
                            "rank per stage")
     stages = split_stages(sch, tied=True)
+    for k, stage in enumerate(stages[1:], 1):
+        name = embedded_input(stage)
+        if name is not None:
+            raise ValueError(f"pipeline stage {k} looks its input '{name}' up in an embedding: "
+                             "torch.distributed.pipelining runs a later stage once on "
+                             "uninitialised inputs to learn its shapes, which such a lookup "
+                             "cannot take (T5's decoder stages); build(sch, target='deepspeed', "
+                             "topology=, config=, loss_fn=) runs this pipeline on DeepSpeed's "
+                             "engine")
     if loss_fn is None:
         loss_fn = state.pipeline_loss(sch.root)
     if topology is not None:
@@ -176,6 +185,29 @@ def build_pipeline(sch, n_microbatches: int, loss_fn: Callable | None = None,
     cls = get_schedule_class(schedule) if isinstance(schedule, str) else schedule
     sched = cls(stage, n_microbatches=n_microbatches, loss_fn=loss_fn)
     return PipelineBuild(sched, stage, module, rank, world, topology, ties)
+
+
+def embedded_input(module: fx.GraphModule) -> str | None:
+    """The name of an input of ``module`` that an ``nn.Embedding`` looks up, directly or in a
+    traced submodule it is passed to; None if there is none."""
+    def looked_up(gm: fx.GraphModule, value: fx.Node) -> bool:
+        for user in value.users:
+            if user.op != "call_module":
+                continue
+            sub = gm.get_submodule(user.target)
+            if isinstance(sub, nn.Embedding) and user.args[:1] == (value,):
+                return True
+            if isinstance(sub, fx.GraphModule):  # called with its inputs in order, or by name
+                inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+                passed = [inputs[i] for i, a in enumerate(user.args)
+                          if a is value and i < len(inputs)]
+                passed += [n for n in inputs if user.kwargs.get(n.target) is value]
+                if any(looked_up(sub, n) for n in passed):
+                    return True
+        return False
+
+    return next((n.name for n in module.graph.nodes
+                 if n.op == "placeholder" and looked_up(module, n)), None)
 
 
 def tensors_of(output):

@@ -45,6 +45,7 @@ _MAKERS: dict[str, Callable[[Any, bool], torch.Tensor]] = {
     "labels": _ids,
     "decoder_input_ids": _ids,
     "attention_mask": _mask,
+    "decoder_attention_mask": _mask,
     "token_type_ids": lambda config, model: torch.zeros(BATCH, SEQ, dtype=torch.long),
     "position_ids": lambda config, model: torch.arange(SEQ).expand(BATCH, SEQ),
     "hidden_states": _hidden,
@@ -80,3 +81,14 @@ def example_inputs_from_config(mod: nn.Module, config, concrete_args: dict | Non
                              f"'{name}' (it makes {', '.join(_MAKERS)}); pass example_inputs= "
                              "or fix it with concrete_args=")
     return inputs
+
+
+def named_example_inputs(mod: nn.Module, config, names) -> dict[str, torch.Tensor]:
+    """Example values for the arguments ``names`` of ``mod``'s forward (each one that
+    ``_MAKERS`` makes), in the forward's order, defaults or not: what a pipeline's first
+    stage takes (T5's decoder inputs have defaults)."""
+    from transformers import PreTrainedModel
+
+    model = isinstance(mod, PreTrainedModel)
+    return {name: _MAKERS[name](config, model)
+            for name in inspect.signature(mod.forward).parameters if name in names}

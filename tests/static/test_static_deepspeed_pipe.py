@@ -25,7 +25,9 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   (``[input_ids, attention_mask, token_type_ids]``), pipeline 2 x tensor 2, the MLM decoder
   tied to the word embedding across the stages, a vocabulary-parallel loss; and of
   WideResNet (a list of block cuts for each of its four layers), its convolutions and batch
-  norms sharded;
+  norms sharded; and of T5 (a list of cuts for the encoder's blocks and one for the
+  decoder's, and a stage boundary after the encoder): the encoder's output and the shared
+  embedding reach the decoder's stage;
 - data 2 x pipeline 2 under torch's autocast in bf16: around ``train_batch`` (DeepSpeed turns it
   off in its forward) and in DeepSpeed's ``torch_autocast`` section (it computes in bf16);
 - misuse (no topology, no config, stages the topology does not have): an error saying what
@@ -256,6 +258,45 @@ def _upstream_wideresnet_pipeline():
     return {"losses": losses}
 
 
+def _t5_batch(step):
+    batch = synthetic_batch("t5-tiny", BATCH, SEQ, 8, seed=10 + step)
+    decoder_ids = batch["labels"].roll(1, dims=1)  # teacher forcing, as T5 shifts its labels
+    return (batch["input_ids"], batch["attention_mask"], decoder_ids,
+            torch.ones_like(decoder_ids)), batch["labels"]
+
+
+def _upstream_t5_pipeline(pp):
+    """Upstream's T5 pipeline (``pipeline_cuts`` a list for the encoder's blocks and one for
+    the decoder's, and a stage boundary after the encoder) through ``apply_schedule``, from
+    the plain model's weights: pipeline 2 x tensor 2 (the encoder one stage, the decoder the
+    other), or 4 stages (a cut after the first block of each as well). The decoder's stages get
+    the encoder's output (a ModelOutput: its fields cross), and the embedding it shares with
+    the encoder."""
+    from slapo.model_schedule import apply_schedule
+    from slapo.op import ParallelCrossEntropy
+
+    topo = slapo.Topology(dp=1, pp=pp, tp=4 // pp)
+    model = _model("t5-tiny")
+    cuts = [[], []] if pp == 2 else [[0], [0]]
+    sch = apply_schedule(model, model.config, group=topo.tensor_group, pipeline_cuts=cuts)
+    parallel_loss = ParallelCrossEntropy(group=topo.tensor_group)
+    config = {"train_batch_size": BATCH, "train_micro_batch_size_per_gpu": MICRO,
+              "gradient_accumulation_steps": BATCH // MICRO, "gradient_clipping": CLIP,
+              "steps_per_print": 10 ** 6}
+    engine, _ = slapo.build(sch, topology=topo, target="deepspeed", config=config,
+                            # the last stage gives (logits, the encoder's last hidden state)
+                            loss_fn=lambda out, labels: parallel_loss(out[0], labels).mean(),
+                            init_weights=False,
+                            optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+    losses = []
+    for step in range(STEPS):
+        inputs, labels = _t5_batch(step)
+        micro = [([x[k:k + MICRO] for x in inputs], labels[k:k + MICRO])
+                 for k in range(0, BATCH, MICRO)]
+        losses.append(engine.train_batch(data_iter=iter(micro)).item())
+    return {"losses": losses}
+
+
 def _images(step):
     # 64 x 64 rather than the tiny model's 32 x 32: at 32, layer4's batch norm normalizes 2
     # values a channel (a micro-batch of 2 at 1 x 1), which makes the training chaotic (fp32
@@ -364,7 +405,8 @@ def _all():
             "model_loss": _train("llama-tiny", dp=2, pp=2, tp=1, model_loss=True),
             "bert": _upstream_encoder_pipeline("bert-tiny"),
             "roberta": _upstream_encoder_pipeline("roberta-tiny"),
-            "wideresnet": _upstream_wideresnet_pipeline(),
+            "wideresnet": _upstream_wideresnet_pipeline(), "t5": _upstream_t5_pipeline(pp=2),
+            "t5_pp4": _upstream_t5_pipeline(pp=4),
             "meta": _from_meta(), "misuse": _misuse(), "upstream_3d": _upstream_3d(),
             "upstream_3d_meta": _upstream_3d(meta=True),
             "broadcast": _broadcast_input(), "autocast": _autocast()}
@@ -462,6 +504,26 @@ def test_upstreams_wideresnet_pipeline_trains_like_the_plain_model(ranks):
         for step, (mine, expected) in enumerate(zip(result["wideresnet"]["losses"], plain,
                                                     strict=True)):
             assert abs(mine - expected) <= TOL * abs(expected), (rank, step, mine, expected)
+
+
+@pytest.mark.parametrize("run", ["t5", "t5_pp4"])
+def test_upstreams_t5_pipeline_trains_like_the_plain_model(ranks, run):
+    model = _model("t5-tiny")
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    plain = []
+    for step in range(STEPS):
+        (ids, mask, decoder_ids, decoder_mask), labels = _t5_batch(step)
+        logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids,
+                       decoder_attention_mask=decoder_mask).logits
+        loss = mlm_loss(logits, labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        plain.append(loss.item())
+    for rank, result in enumerate(ranks):
+        for step, (mine, expected) in enumerate(zip(result[run]["losses"], plain, strict=True)):
+            assert abs(mine - expected) <= TOL * abs(expected), (run, rank, step, mine, expected)
 
 
 def test_upstreams_3d_example_from_the_meta_device_trains(ranks):

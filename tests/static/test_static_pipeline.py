@@ -129,8 +129,10 @@ def test_a_vocab_parallel_loss_leaves_the_traced_root_to_the_pipeline():
     batch = synthetic_batch("llama-tiny", 2, 12, seed=3)
     expected = model(**batch).loss
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    # flatten=True: one trace, so that the failure inside the model is the root's (with the
+    # hierarchy kept, the LlamaModel that cannot be traced would stay whole instead)
     with pytest.raises(Exception):  # noqa: B017 - any trace error; the wrapper must survive
-        sch.trace(example_inputs={"no_such_input": batch["input_ids"]})
+        sch.trace(flatten=True, example_inputs={"no_such_input": batch["input_ids"]})
     assert "forward" in model.__dict__ and state.pipeline_loss(sch) is None
     torch.testing.assert_close(model(**batch).loss, expected)
     sch.trace(example_inputs=inputs, concrete_args={"use_cache": False, "return_dict": False})
@@ -156,3 +158,27 @@ def test_a_stage_that_computes_nothing_is_an_error():
     with pytest.raises(ValueError, match=r"pipeline stage 1 \(the cut after 'b'\) would compute "
                                          "nothing"):
         split_stages(sch)
+
+
+def test_a_later_stage_that_embeds_its_input_is_named_before_a_pipeline_runs():
+    """``build(target="pipeline")`` refuses, before any rank runs, a stage after the first that
+    looks an input up in an embedding (T5's decoder stage): torch.distributed.pipelining runs
+    such a stage once on uninitialised inputs (an index out of range on one rank, a closed
+    connection on the others, until 2026-12-06)."""
+    from slapo.model_schedule import apply_schedule
+    from slapo.pipeline.partition import split_stages
+    from slapo.pipeline.runtime import embedded_input
+    from slapo_ae.zoo import build_model
+
+    model = build_model("t5-tiny")
+    sch = apply_schedule(model, model.config, tensor_parallel=False, pipeline_cuts=[[0], [0]])
+    # the decoder's stages: inlined (its first block cut) and, below, called whole
+    assert [embedded_input(s) for s in split_stages(sch, tied=True)] == \
+        ["input_ids", None, "decoder_input_ids", None]
+    model = build_model("t5-tiny")
+    sch = apply_schedule(model, model.config, tensor_parallel=False, pipeline_cuts=[[], []])
+    assert [embedded_input(s) for s in split_stages(sch, tied=True)] == \
+        ["input_ids", "decoder_input_ids"]
+    model = build_model("llama-tiny")
+    sch = apply_schedule(model, model.config, tensor_parallel=False, pipeline_cuts=[0])
+    assert [embedded_input(s) for s in split_stages(sch, tied=True)] == ["input_ids", None]

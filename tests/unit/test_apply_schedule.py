@@ -129,11 +129,11 @@ def test_pipeline_cuts_must_be_layers_of_the_model(cuts):
 
 
 @pytest.mark.parametrize("cuts, match", [
-    ([0, 0, 0], r"must be 4 lists of block indices, one for each of layer1, layer2, layer3, "
-                r"layer4 \(blocks \[1, 1, 1, 1\]\)"),
-    ([[0], [1], [], []], r"pipeline_cuts \[1\] in layer2 \(1 blocks\) must be increasing "
+    ([0, 0, 0], r"for wideresnet must be 4 lists of layer indices, one for each of layer1, "
+                r"layer2, layer3, layer4 \(layers \[1, 1, 1, 1\]\)"),
+    ([[0], [1], [], []], r"pipeline_cuts \[1\] in layer2 \(1 layers\) must be increasing "
                          r"layer indices from 0 to 0"),
-    ([[], [], [], [0]], r"no stage can be cut in layer4 \(1 blocks\)"),
+    ([[], [], [], [0]], r"no stage can be cut in layer4 \(1 layers\)"),
     ([[], [], [], []], r"cut no stage"),
 ])
 def test_wideresnet_pipeline_cuts_are_a_list_per_layer(cuts, match):
@@ -144,10 +144,26 @@ def test_wideresnet_pipeline_cuts_are_a_list_per_layer(cuts, match):
         apply_schedule(model, model.config, pipeline_cuts=cuts)
 
 
+@pytest.mark.parametrize("cuts, match", [
+    ([0], r"for t5 must be 2 lists of layer indices, one for each of encoder.block, "
+          r"decoder.block \(layers \[2, 2\]\)"),
+    ([[1], []], r"pipeline_cuts \[1\] in encoder.block \(2 layers\) must be increasing layer "
+                r"indices from 0 to 0"),  # after the last block: the encoder's own cut
+])
+def test_t5_pipeline_cuts_are_a_list_for_the_encoder_and_one_for_the_decoder(cuts, match):
+    from slapo_ae.zoo import build_model
+
+    model = build_model("t5-tiny")
+    with pytest.raises(ValueError, match=match):
+        apply_schedule(model, model.config, pipeline_cuts=cuts)
+
+
 @pytest.mark.parametrize("name, key, inputs, cuts", [
     ("llama-tiny", "llama", ["input_ids", "attention_mask", "position_ids"], [0]),
     ("bert-tiny", "bert", ["input_ids", "attention_mask", "token_type_ids"], [0]),
     ("wideresnet-tiny", "wideresnet", ["pixel_values"], [[0], [], [0], []]),
+    ("t5-tiny", "t5", ["input_ids", "attention_mask", "decoder_input_ids",
+                       "decoder_attention_mask"], [[0], [0]]),  # and a cut after the encoder
 ])
 def test_pipeline_cuts_trace_the_model_and_cut_its_stages(name, key, inputs, cuts):
     from slapo.pipeline.partition import split_stages
@@ -157,12 +173,18 @@ def test_pipeline_cuts_trace_the_model_and_cut_its_stages(name, key, inputs, cut
     plain = copy.deepcopy(model)
     sch = apply_schedule(model, model.config, schedule_key=key, pipeline_cuts=cuts)
     stages = split_stages(sch, tied=True)  # BERT's MLM decoder shares the word embedding
-    assert len(stages) == 1 + sum(len(c) if isinstance(c, list) else 1 for c in cuts)
+    assert len(stages) == 1 + sum(len(c) if isinstance(c, list) else 1 for c in cuts) + \
+        (key == "t5")
     assert [n.name for n in stages[0].graph.nodes if n.op == "placeholder"] == inputs
-    batch = synthetic_batch(name, 2, 12, seed=0)
+    batch = synthetic_batch(name, 2, 12, 8 if key == "t5" else 0, seed=0)
     if key == "wideresnet":
         values = [batch["pixel_values"]]
         kwargs = {"pixel_values": batch["pixel_values"]}
+    elif key == "t5":  # the encoder's output reaches the decoder's stages field by field
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+                  "decoder_input_ids": batch["labels"],
+                  "decoder_attention_mask": torch.ones_like(batch["labels"])}
+        values = list(kwargs.values())
     else:
         ids = batch["input_ids"]
         third = torch.zeros_like(ids) if key == "bert" else torch.arange(12).expand_as(ids)
@@ -172,7 +194,7 @@ def test_pipeline_cuts_trace_the_model_and_cut_its_stages(name, key, inputs, cut
         values = stage(*values)
     with torch.no_grad():
         expected = plain(**kwargs)
-    torch.testing.assert_close(values.logits, expected.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(values[0], expected.logits, rtol=1e-5, atol=1e-5)
 
 
 def test_config_must_agree_with_the_model():
