@@ -229,7 +229,7 @@ def _carry_non_tensors(graph: fx.Graph, stage_of: dict[fx.Node, int], num_stages
             for user in picks:
                 user.args, user.kwargs = fx.node.map_arg((user.args, user.kwargs),
                                                          _replacing(n, None))
-        elif all(_takes_item(u) for u in picks):
+        elif all(_takes_item(u, kind) for u in picks):
             # only some items of n are used later: take them out here (also where n's kind
             # is unknown: a layer of a model on the meta device whose sync could not run
             # while tracing returns a tuple whose first item crosses; and for the fields of
@@ -282,12 +282,16 @@ def _split_items(graph: fx.Graph, n: fx.Node, stage_of) -> list[fx.Node]:
     return items
 
 
-def _takes_item(n: fx.Node) -> bool:
-    """Whether ``n`` reads one item of a value: ``x[i]``, or of a ModelOutput ``x["name"]`` or
-    ``x.name``."""
-    return n.op == "call_function" and len(n.args) == 2 and (
-        (n.target is operator.getitem and isinstance(n.args[1], (int, str)))
-        or (n.target is getattr and isinstance(n.args[1], str)))
+def _takes_item(n: fx.Node, kind: str) -> bool:
+    """Whether ``n`` reads one item of a value of ``kind``: ``x[i]``, or, of a value whose kind
+    is known (a ModelOutput), ``x["name"]`` or ``x.name`` (of an unknown one, a tensor maybe,
+    ``x.dtype`` would cross as a value of unknown kind)."""
+    if n.op != "call_function" or len(n.args) != 2:
+        return False
+    if n.target is operator.getitem and isinstance(n.args[1], int):
+        return True
+    return kind != "unknown" and isinstance(n.args[1], str) and \
+        n.target in (operator.getitem, getattr)
 
 
 def _builds_model_output(n: fx.Node) -> bool:
