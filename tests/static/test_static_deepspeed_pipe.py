@@ -215,9 +215,18 @@ def _upstream_encoder_pipeline(name):
                          bcast_input=True, ckpt_ratio=0.5, checkpoint_method="uniform")
     parallel_loss = ParallelCrossEntropy(group=topo.tensor_group)
 
-    def loss_fn(outputs, labels):
-        return parallel_loss(outputs, labels).mean()
+    def batch(step):
+        ids, mask, labels = _batch(name, step)
+        return (ids, mask, torch.zeros_like(ids)), labels
 
+    return _train_on_engine(sch, topo, lambda out, labels: parallel_loss(out, labels).mean(),
+                            batch)
+
+
+def _train_on_engine(sch, topo, loss_fn, batch):
+    """``STEPS`` SGD steps of the schedule on DeepSpeed's engine (clipped, ``BATCH // MICRO``
+    micro-batches a step); ``batch(step)`` gives the step's inputs (a tuple, in the traced
+    order) and labels. Returns the engine's losses."""
     config = {"train_batch_size": BATCH, "train_micro_batch_size_per_gpu": MICRO,
               "gradient_accumulation_steps": BATCH // MICRO, "gradient_clipping": CLIP,
               "steps_per_print": 10 ** 6}
@@ -226,10 +235,9 @@ def _upstream_encoder_pipeline(name):
                             optimizer=lambda params: torch.optim.SGD(params, lr=LR))
     losses = []
     for step in range(STEPS):
-        ids, mask, labels = _batch(name, step)
-        types = torch.zeros_like(ids)
-        micro = [([ids[k:k + MICRO], mask[k:k + MICRO], types[k:k + MICRO]],
-                  labels[k:k + MICRO]) for k in range(0, BATCH, MICRO)]
+        inputs, labels = batch(step)
+        micro = [([x[k:k + MICRO] for x in inputs], labels[k:k + MICRO])
+                 for k in range(0, BATCH, MICRO)]
         losses.append(engine.train_batch(data_iter=iter(micro)).item())
     return {"losses": losses}
 
@@ -244,18 +252,12 @@ def _upstream_wideresnet_pipeline():
     model = _model("wideresnet-tiny")
     sch = apply_schedule(model, model.config, group=topo.tensor_group,
                          pipeline_cuts=[[], [0], [], []])
-    config = {"train_batch_size": BATCH, "train_micro_batch_size_per_gpu": MICRO,
-              "gradient_accumulation_steps": BATCH // MICRO, "gradient_clipping": CLIP,
-              "steps_per_print": 10 ** 6}
-    engine, _ = slapo.build(sch, topology=topo, target="deepspeed", config=config,
-                            loss_fn=image_loss, init_weights=False,
-                            optimizer=lambda params: torch.optim.SGD(params, lr=LR))
-    losses = []
-    for step in range(STEPS):
+
+    def batch(step):
         images, labels = _images(step)
-        micro = [([images[k:k + MICRO]], labels[k:k + MICRO]) for k in range(0, BATCH, MICRO)]
-        losses.append(engine.train_batch(data_iter=iter(micro)).item())
-    return {"losses": losses}
+        return (images,), labels
+
+    return _train_on_engine(sch, topo, image_loss, batch)
 
 
 def _t5_batch(step):
@@ -280,21 +282,9 @@ def _upstream_t5_pipeline(pp):
     cuts = [[], []] if pp == 2 else [[0], [0]]
     sch = apply_schedule(model, model.config, group=topo.tensor_group, pipeline_cuts=cuts)
     parallel_loss = ParallelCrossEntropy(group=topo.tensor_group)
-    config = {"train_batch_size": BATCH, "train_micro_batch_size_per_gpu": MICRO,
-              "gradient_accumulation_steps": BATCH // MICRO, "gradient_clipping": CLIP,
-              "steps_per_print": 10 ** 6}
-    engine, _ = slapo.build(sch, topology=topo, target="deepspeed", config=config,
-                            # the last stage gives (logits, the encoder's last hidden state)
-                            loss_fn=lambda out, labels: parallel_loss(out[0], labels).mean(),
-                            init_weights=False,
-                            optimizer=lambda params: torch.optim.SGD(params, lr=LR))
-    losses = []
-    for step in range(STEPS):
-        inputs, labels = _t5_batch(step)
-        micro = [([x[k:k + MICRO] for x in inputs], labels[k:k + MICRO])
-                 for k in range(0, BATCH, MICRO)]
-        losses.append(engine.train_batch(data_iter=iter(micro)).item())
-    return {"losses": losses}
+    # the last stage gives (logits, the encoder's last hidden state)
+    return _train_on_engine(sch, topo, lambda out, labels: parallel_loss(out[0], labels).mean(),
+                            _t5_batch)
 
 
 def _images(step):
