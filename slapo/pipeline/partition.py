@@ -110,15 +110,15 @@ def _reach(graph: fx.Graph, gm: fx.GraphModule, path: str, inlined: dict) -> fx.
             raise ValueError(f"cannot cut inside '{call.target}' ({type(mod).__name__}): it is "
                              "not a plain traced graph (untraced, a leaf, or changed by a "
                              "primitive such as checkpoint); cut at its level instead")
-        last = _inline(graph, call, mod)
-        for name, node in list(inlined.items()):
-            if node is call:  # an inlined module's last node was this call
-                inlined[name] = last
-        inlined[call.target] = last
+        replaced = _inline(graph, call, mod)
+        for name, node in list(inlined.items()):  # an earlier module's last node is gone
+            inlined[name] = replaced.get(node, node)
+        inlined[call.target] = replaced[call]
 
 
-def _inline(graph: fx.Graph, call: fx.Node, child: fx.GraphModule) -> fx.Node:
-    """Put ``child``'s graph in place of its ``call``; returns the last node put in."""
+def _inline(graph: fx.Graph, call: fx.Node, child: fx.GraphModule) -> dict[fx.Node, fx.Node]:
+    """Put ``child``'s graph in place of its ``call``; returns the nodes it removed, each with
+    the node now in its place (the call's: the last node put in)."""
     prefix = call.target
     placeholders = [n for n in child.graph.nodes if n.op == "placeholder"]
     values = list(call.args) + [call.kwargs[p.target] for p in placeholders[len(call.args):]]
@@ -135,10 +135,12 @@ def _inline(graph: fx.Graph, call: fx.Node, child: fx.GraphModule) -> fx.Node:
             if new.op in ("call_module", "get_attr"):
                 new.target = f"{prefix}.{n.target}"
             env[n] = new
+    replaced = {call: last}
     for user in list(call.users):
         if isinstance(result, (tuple, list)) and user.op == "call_function" and \
                 user.target is operator.getitem and user.args[0] is call:
             user.replace_all_uses_with(result[user.args[1]])
+            replaced[user] = result[user.args[1]]
             graph.erase_node(user)
         elif isinstance(result, fx.Node):
             user.replace_input_with(call, result)
@@ -149,7 +151,7 @@ def _inline(graph: fx.Graph, call: fx.Node, child: fx.GraphModule) -> fx.Node:
                     graph.call_function(dict, (), dict(result))
             user.replace_input_with(call, packed)
     graph.erase_node(call)
-    return last
+    return replaced
 
 
 def _assign_stages(graph: fx.Graph, cut_nodes: list[fx.Node]) -> dict[fx.Node, int]:
