@@ -407,13 +407,19 @@ def ranks():
     return run_ranks(_all, world_size=4)
 
 
-def _plain_losses(name, loss_fn=causal_loss):
+def _plain_losses(name, loss_fn=causal_loss, batch=None):
+    """The plain model's losses under the pipelines' SGD, on the whole batch of each step;
+    ``batch(step)``: the model's keyword inputs and the labels (default: ``_batch``'s)."""
     model = _model(name)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for step in range(STEPS):
-        ids, mask, labels = _batch(name, step)
-        loss = loss_fn(model(input_ids=ids, attention_mask=mask, return_dict=False), labels)
+        if batch is None:
+            ids, mask, labels = _batch(name, step)
+            inputs = {"input_ids": ids, "attention_mask": mask}
+        else:
+            inputs, labels = batch(step)
+        loss = loss_fn(model(**inputs, return_dict=False), labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
@@ -498,19 +504,12 @@ def test_upstreams_wideresnet_pipeline_trains_like_the_plain_model(ranks):
 
 @pytest.mark.parametrize("run", ["t5", "t5_pp4"])
 def test_upstreams_t5_pipeline_trains_like_the_plain_model(ranks, run):
-    model = _model("t5-tiny")
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    plain = []
-    for step in range(STEPS):
-        (ids, mask, decoder_ids, decoder_mask), labels = _t5_batch(step)
-        logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids,
-                       decoder_attention_mask=decoder_mask).logits
-        loss = mlm_loss(logits, labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        opt.step()
-        opt.zero_grad()
-        plain.append(loss.item())
+    def batch(step):
+        inputs, labels = _t5_batch(step)
+        names = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
+        return dict(zip(names, inputs)), labels
+
+    plain = _plain_losses("t5-tiny", mlm_loss, batch)
     for rank, result in enumerate(ranks):
         for step, (mine, expected) in enumerate(zip(result[run]["losses"], plain, strict=True)):
             assert abs(mine - expected) <= TOL * abs(expected), (run, rank, step, mine, expected)

@@ -75,7 +75,7 @@ def test_half_precision_casts_the_model(key, dtype):
     ({"sequence_parallel": True}, NotImplementedError, "sequence_parallel"),
     ({"pipeline_cuts": [[1]]}, NotImplementedError,
      "pipeline_cuts for gpt2: the families cut into pipeline stages here are bert, roberta, "
-     "gpt_neo, llama"),
+     "gpt_neo, llama, t5, wideresnet"),
     ({"schedule_key": "bert"}, ValueError, "schedule_key says 'bert' but the model is a "
                                            "GPT2LMHeadModel of type 'gpt2'"),
     ({"checkpoint_method": "every"}, ValueError, "unknown checkpoint_method 'every'"),

@@ -29,8 +29,8 @@ trains on ``batch / dp`` samples of the global batch (``micro`` per micro-batch)
 loss is DeepSpeed's: the mean of the last stage's micro-batch losses over the replicas,
 broadcast along the pipeline, so that the harness's average over ranks is the global batch's
 loss. Throughput is over the global batch. Families the pipeline splits here: LLaMA and
-GPT-Neo (``slapo.model_schedule.api.PIPELINE_FAMILIES``, their layers found as
-``apply_schedule`` finds them); others with pp > 1 are ``unsupported`` (the rules are in
+GPT-Neo (``support.PIPELINE_LAYERS``, those megatron-core's GPT pipelines too; their layers
+found as ``apply_schedule`` finds them); others with pp > 1 are ``unsupported`` (the rules are in
 :mod:`.support`), as are fp16 (autocast in fp16 needs a loss scaler that the stages agree
 on, which the harness's torch-native systems do not have inside a pipeline: use bf16) and
 more stages than layers.
