@@ -36,7 +36,12 @@ all from the same GPU and the same run, into ``OUT/summary.md`` and ``OUT/summar
   diverging step), not small numeric drift: the schedules' numerical equality with the plain
   model is shown by the CPU tests, in fp32, at 1e-5.
 
-A target is ``NOT-RUN`` (with the reason) when a record it needs is missing or not ``ok``.
+A target is ``NOT-RUN`` (with the reason) when a record it needs is missing or not ``ok``,
+with two exceptions, the claims' rule (``slapo_ae.analysis.claims``): a Slapo system that ran
+out of memory or failed (not by its time limit, which the check's deadline cuts) where what it
+is compared with ran ``ok`` fails the target; and where Slapo ran ``ok`` and what it is
+compared with ran out of memory (no T1 baseline ran ``ok``, or ``deepspeed`` for T2), Slapo
+passes, with no ratio.
 The summary ends with the profiled systems' kernel time per step side by side, by operator.
 """
 from __future__ import annotations
@@ -115,6 +120,16 @@ def _why_missing(records: dict, model: str, mode: str) -> str:
     return f"{mode}: {record.status} ({(record.reason or '').splitlines()[0][:120]})"
 
 
+def _broke(record) -> bool:
+    """Whether the case ran and could not train: out of memory, or failed other than by its
+    time limit (the check's deadline cuts the cases' timeouts, so a timeout says nothing of the
+    system; the harness marks one ``metrics.extra["timed_out"]``)."""
+    if record is None:
+        return False
+    timed_out = bool((record.metrics.extra or {}).get("timed_out"))
+    return record.status == "oom" or (record.status == "failed" and not timed_out)
+
+
 def judge_model(records: dict, model: str) -> list[Verdict]:
     """The three targets for ``model``; ``records`` maps (model, mode) to a Record."""
     out = []
@@ -123,7 +138,17 @@ def judge_model(records: dict, model: str) -> list[Verdict]:
     ran = {m: r.metrics.samples_per_s for m, r in baselines.items() if r is not None}
     unjudged = [m for m in T1_BASELINES
                 if getattr(records.get((model, m)), "status", None) not in T1_BASELINE_OUTCOMES]
-    if slapo_tp is None or not ran or unjudged:
+    if _broke(records.get((model, "slapo-megatron"))) and ran:
+        out.append(Verdict(model, "T1", "FAIL", None, T1_MIN_SPEEDUP,
+                           f"{_why_missing(records, model, 'slapo-megatron')} where "
+                           + ", ".join(f"{m} ran ({v:.4g} samples/s)" for m, v in ran.items())))
+    elif slapo_tp is not None and not ran and not unjudged and any(
+            records[model, m].status == "oom" for m in T1_BASELINES):
+        out.append(Verdict(model, "T1", "PASS", None, T1_MIN_SPEEDUP,
+                           f"slapo-megatron {slapo_tp.metrics.samples_per_s:.4g} samples/s where "
+                           "no baseline trained: " + "; ".join(
+                               _why_missing(records, model, m) for m in T1_BASELINES)))
+    elif slapo_tp is None or not ran or unjudged:
         why = [_why_missing(records, model, "slapo-megatron")] if slapo_tp is None else []
         why += [_why_missing(records, model, m) for m in T1_BASELINES
                 if baselines[m] is None and (m in unjudged or not ran)]
@@ -141,7 +166,15 @@ def judge_model(records: dict, model: str) -> list[Verdict]:
     threshold = t3_min_mfu(model)
     mfus = {m: r.metrics.mfu for m in SLAPO_MODES
             if (r := _ok(records, model, m)) is not None and r.metrics.mfu is not None}
-    if not mfus:
+    # neither Slapo system trained, one broke, and another system trained at this shape
+    broke = [m for m in SLAPO_MODES if _broke(records.get((model, m)))]
+    others_ran = [m for (name, m), r in records.items()
+                  if name == model and m not in SLAPO_MODES and r.status == "ok"]
+    if broke and others_ran and not any(_ok(records, model, m) for m in SLAPO_MODES):
+        out.append(Verdict(model, "T3", "FAIL", None, threshold,
+                           "; ".join(_why_missing(records, model, m) for m in broke)
+                           + f" where {', '.join(sorted(others_ran))} ran"))
+    elif not mfus:
         out.append(Verdict(model, "T3", "NOT-RUN", None, threshold,
                            "no ok Slapo record with a known device peak (MFU needs a GPU whose "
                            "peak FLOPS slapo_ae.harness.metrics knows)"))
@@ -184,6 +217,15 @@ def _peak(record) -> int:
 
 def _judge_t2(records: dict, model: str) -> Verdict:
     slapo_ds, ds = _ok(records, model, "slapo-deepspeed"), _ok(records, model, "deepspeed")
+    if slapo_ds is None and ds is not None and _broke(records.get((model, "slapo-deepspeed"))):
+        return Verdict(model, "T2", "FAIL", None, T2_MIN_SPEEDUP,
+                       f"{_why_missing(records, model, 'slapo-deepspeed')} where deepspeed ran "
+                       f"({ds.metrics.samples_per_s:.4g} samples/s)")
+    if slapo_ds is not None and getattr(records.get((model, "deepspeed")), "status", None) == "oom":
+        return Verdict(model, "T2", "PASS", None, T2_MIN_SPEEDUP,
+                       f"slapo-deepspeed {slapo_ds.metrics.samples_per_s:.4g} samples/s at "
+                       f"{_peak(slapo_ds) / 2**30:.1f} GiB where "
+                       f"{_why_missing(records, model, 'deepspeed')}")
     if slapo_ds is None or ds is None:
         why = [_why_missing(records, model, m) for m, r in
                (("slapo-deepspeed", slapo_ds), ("deepspeed", ds)) if r is None]

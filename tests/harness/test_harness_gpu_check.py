@@ -144,10 +144,13 @@ def test_zero3_losses_are_judged_against_deepspeed_which_starts_from_the_same_we
     assert v["L"].verdict == "FAIL"
 
 
-def test_missing_or_failed_records_are_not_run_with_the_reason():
-    v = verdicts(rec("slapo-megatron", status="oom"), rec("hf-sdpa", 250),
-                 rec("slapo-deepspeed", 100))
-    assert v["T1"].verdict == "NOT-RUN" and "slapo-megatron: oom (CUDA OOM)" in v["T1"].detail
+def test_missing_or_timed_out_records_are_not_run_with_the_reason():
+    timed_out = rec("slapo-megatron", status="failed")
+    timed_out.reason = "timeout: killed after 52 s (a hung collective, or a run slower ...)"
+    timed_out.metrics.extra["timed_out"] = True
+    v = verdicts(timed_out, rec("hf-sdpa", 250), rec("slapo-deepspeed", 100))
+    # the deadline cuts a case's timeout: a timeout says nothing of the system
+    assert v["T1"].verdict == "NOT-RUN" and "slapo-megatron: failed (timeout:" in v["T1"].detail
     assert v["T2"].verdict == "NOT-RUN" and "deepspeed: no record" in v["T2"].detail
     assert v["T3"].verdict == "NOT-RUN"  # no MFU: the ok Slapo record has no known peak
     # An unsupported baseline (HF has no SDPA for GPT-Neo) or one out of memory leaves the
@@ -163,6 +166,55 @@ def test_missing_or_failed_records_are_not_run_with_the_reason():
     v = verdicts(rec("slapo-megatron", 50), *(rec(m, status="unsupported") for m in
                                             ("hf-sdpa", "hf-compile", "hf-liger", "megatron")))
     assert v["T1"].verdict == "NOT-RUN" and v["T1"].detail.count("unsupported") == 4
+
+
+def test_a_slapo_system_that_could_not_train_where_its_comparison_did_fails():
+    """The claims' rule (slapo_ae.analysis.claims.did_not_run): out of memory, or failed other
+    than by its time limit, where what it is compared with ran, is a FAIL, not a missing
+    point; and where Slapo ran and the baselines ran out of memory, Slapo passes."""
+    crashed = rec("slapo-deepspeed", status="failed")
+    crashed.reason = "RuntimeError: expected all tensors on the same device"
+    v = verdicts(rec("slapo-megatron", status="oom"), rec("hf-sdpa", 250),
+                 rec("hf-compile", status="oom"), crashed, rec("deepspeed", 60))
+    assert v["T1"].verdict == "FAIL" and v["T1"].value is None
+    assert v["T1"].detail == "slapo-megatron: oom (CUDA OOM) where hf-sdpa ran (250 samples/s)"
+    assert v["T2"].verdict == "FAIL"
+    assert v["T2"].detail.startswith("slapo-deepspeed: failed (RuntimeError: expected all")
+    assert v["T3"].verdict == "FAIL" and "where deepspeed, hf-sdpa ran" in v["T3"].detail
+    # Slapo trains where the baselines ran out of memory: PASS, with no ratio
+    v = verdicts(rec("slapo-megatron", 40, mfu=0.5), rec("hf-sdpa", status="oom"),
+                 rec("hf-compile", status="oom"), rec("hf-liger", status="unsupported"),
+                 rec("megatron", status="oom"), rec("slapo-deepspeed", 20, peak=3 * 2**30),
+                 rec("deepspeed", status="oom"))
+    assert v["T1"].verdict == "PASS" and v["T1"].value is None
+    assert v["T1"].detail.startswith("slapo-megatron 40 samples/s where no baseline trained: ")
+    assert v["T2"].verdict == "PASS" and v["T2"].value is None
+    assert v["T2"].detail == "slapo-deepspeed 20 samples/s at 3.0 GiB where deepspeed: oom (CUDA OOM)"
+    # ... but not where no baseline could run for its own reasons (unsupported), or before
+    # every baseline has an outcome
+    unsupported = [rec(m, status="unsupported") for m in ("hf-sdpa", "hf-compile", "hf-liger")]
+    assert verdicts(rec("slapo-megatron", 40), *unsupported)["T1"].verdict == "NOT-RUN"
+    assert verdicts(rec("slapo-megatron", 40), rec("hf-sdpa", status="oom"),
+                    *unsupported[1:])["T1"].verdict == "NOT-RUN"  # megatron: no record
+    # both Slapo systems broke and nothing else ran: nothing shows the shape fits the GPU
+    assert verdicts(rec("slapo-megatron", status="oom"),
+                    rec("slapo-deepspeed", status="oom"))["T3"].verdict == "NOT-RUN"
+
+
+def test_a_timeout_is_told_by_the_flag_the_harness_sets(tmp_path):
+    """What the harness records when it kills a case at its timeout is not a broken system."""
+    from slapo_ae.analysis.gpu_check import _broke
+    from slapo_ae.case import Case
+    from slapo_ae.harness import launch
+    from slapo_ae.harness.runspec import RunSpec
+
+    case = Case(mode="slapo-megatron", model="bert-tiny", gpus=1, seq_len=16, dec_seq_len=0,
+                batch_size=4, batch_expr="4", ckpt=0.0, steps=3, warmup=1)
+    spec = RunSpec(case=case, out=str(tmp_path / "r.json"), timeout=52)
+    timed_out = launch.conclude(spec, None, True, tmp_path)
+    assert timed_out.status == "failed" and timed_out.reason.startswith("timeout: killed")
+    assert not _broke(timed_out)
+    assert _broke(launch.conclude(spec, 1, False, tmp_path))  # exited 1, no record
 
 
 def test_judge_writes_the_summary(tmp_path):
