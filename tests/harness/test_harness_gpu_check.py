@@ -189,7 +189,8 @@ def test_a_slapo_system_that_could_not_train_where_its_comparison_did_fails():
     assert v["T1"].verdict == "PASS" and v["T1"].value is None
     assert v["T1"].detail.startswith("slapo-megatron 40 samples/s where no baseline trained: ")
     assert v["T2"].verdict == "PASS" and v["T2"].value is None
-    assert v["T2"].detail == "slapo-deepspeed 20 samples/s at 3.0 GiB where deepspeed: oom (CUDA OOM)"
+    assert v["T2"].detail == ("slapo-deepspeed 20 samples/s at 3.0 GiB where deepspeed: oom "
+                              "(CUDA OOM)")
     # ... but not where no baseline could run for its own reasons (unsupported), or before
     # every baseline has an outcome
     unsupported = [rec(m, status="unsupported") for m in ("hf-sdpa", "hf-compile", "hf-liger")]
