@@ -39,9 +39,13 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_BUILD_OPS=0 PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="$PWD/.cache/torch_extensions"
 gpu=$(python3 -c "import torch; from slapo_ae.gpus import model_slug; \
 print(model_slug(torch.cuda.get_device_name(0) if torch.cuda.is_available() else None))")
-out=${1:-results/reference/$gpu/$part}
-shift || true
-mkdir -p "$out"
+# OUT_FOLDER is optional: a first word that is an option leaves the default
+out=results/reference/$gpu/$part
+if [[ $# -gt 0 && $1 != -* ]]; then
+  out=$1
+  shift
+fi
+mkdir -p -- "$out"
 python3 -c "import torch, transformers, deepspeed, megatron.core as m; print('torch', \
 torch.__version__, 'cuDNN', torch.backends.cudnn.version(), 'transformers', \
 transformers.__version__, 'deepspeed', deepspeed.__version__, 'megatron-core', m.__version__, \

@@ -15,12 +15,15 @@ import statistics
 import sys
 
 # Peak dense 16-bit tensor-core FLOPS, matched as substrings of the device name (longest
-# first): V100 fp16, A100 bf16/fp16, H100 SXM / PCIe bf16, H200 bf16.
+# first): V100 fp16, A100 bf16/fp16, H100 and H200 bf16 (SXM; the PCIe and NVL cards, whose
+# names say so, have lower clocks or power: NVIDIA's data sheets, halving the sparse figures).
 PEAK_FLOPS = {
     "V100": 125e12,
     "A100": 312e12,
     "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
     "H100": 989e12,
+    "H200 NVL": 835e12,
     "H200": 989e12,
 }
 

@@ -410,6 +410,19 @@ def test_a_model_part_runs_from_the_script_and_packs_what_comes_back(tmp_path):
         assert tar.getnames() == [f"tiny/profiles/{case}/rank0.trace.json"]
 
 
+def test_options_without_an_out_folder_leave_the_default_folder(tmp_path):
+    """``gpu_check.sh PART --deadline 0``: the first option is not taken for the folder (it
+    was: ``mkdir -p --deadline`` stopped the script after its wheel installs)."""
+    run_env = _tree_copy(tmp_path)
+    (tmp_path / "configs" / "gpu_check" / "tiny.cfg").write_text("hf-sdpa bert-tiny 1 16 0 2 0\n")
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "tiny", "--device", "cpu",
+                           "--deadline", "0"], cwd=tmp_path, env=run_env, capture_output=True,
+                          text=True, timeout=300)
+    assert "0 s of the 0 s deadline left" in proc.stdout, proc.stdout[-2000:] + proc.stderr
+    assert (tmp_path / "results" / "reference" / "no-gpu" / "tiny" / "summary.md").is_file()
+    assert not (tmp_path / "--deadline").exists()
+
+
 @pytest.mark.slow
 def test_the_workflow_part_runs_snakemake_with_its_targets(tmp_path):
     """Part ``workflow``, dry (``-n``, passed on to Snakemake) on a copy of the tree: both of its

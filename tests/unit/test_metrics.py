@@ -49,6 +49,7 @@ def test_peak_flops_and_mfu():
     assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert peak_flops("NVIDIA H100 PCIe") == 756e12
     assert peak_flops("NVIDIA H200") == 989e12
+    assert peak_flops("NVIDIA H100 NVL") == peak_flops("NVIDIA H200 NVL") == 835e12
     assert peak_flops("cpu (x86_64)") is None and peak_flops(None) is None
     # the H200 anchors (analysis/gpu_check.py): 430 TFLOPS on an H200 is about 43% of its peak
     assert mfu(430.0, "NVIDIA H200") == pytest.approx(0.435, abs=1e-3)
