@@ -17,11 +17,15 @@ for tag in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 man
 done
 pin() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))"; }
 # The harness: transformers, megatron-core, DeepSpeed and DeepSpeed's dependencies that such an
-# image lacks; liger-kernel for hf-liger (its pin: pyproject.toml's gpu extra).
+# image lacks; liger-kernel for hf-liger (its pin: pyproject.toml's gpu extra). Also the small
+# ones the device image had on 2026-11-17 (einops, msgpack, ninja, py-cpuinfo; attrs and wrapt
+# for the workflow): without them `import deepspeed` and the Snakefile stop (a rehearsal on
+# CPU, 2026-12-06, in a Python 3.12 environment lacking them), and 1 MB buys independence
+# from the image's list.
 harness=(transformers megatron-core deepspeed hjson pydantic pydantic-core annotated-types
-         typing-inspection typing-extensions liger-kernel)
+         typing-inspection typing-extensions liger-kernel einops msgpack ninja py-cpuinfo)
 # The workflow (part `workflow`): Snakemake and what it needs beyond the image's packages.
-workflow=(snakemake snakemake-interface-common snakemake-interface-executor-plugins
+workflow=(attrs wrapt snakemake snakemake-interface-common snakemake-interface-executor-plugins
           snakemake-interface-logger-plugins snakemake-interface-report-plugins
           snakemake-interface-scheduler-plugins snakemake-interface-storage-plugins
           argparse-dataclass conda-inject configargparse connection-pool docutils dpath

@@ -43,6 +43,7 @@ is compared with ran ``ok`` fails the target; and where Slapo ran ``ok`` and wha
 compared with ran out of memory (no T1 baseline ran ``ok``, or ``deepspeed`` for T2), Slapo
 passes, with no ratio.
 The summary ends with the profiled systems' kernel time per step side by side, by operator.
+Both commands exit 1 where a target failed or a case failed, 2 on bad input.
 """
 from __future__ import annotations
 
@@ -514,7 +515,12 @@ def main(argv=None) -> int:
     print(Path(folder, "summary.md").read_text())
     if skipped:
         print(f"{skipped} case(s) not run: the deadline was near", file=sys.stderr)
-    return 1 if any(v.verdict == "FAIL" for v in verdicts) else 0
+    # a failed case is a status to look at too: cases that all broke (an import, say) leave
+    # NOT-RUN verdicts only
+    failed = sorted(r.id for r in load_records(folder).values() if r.status == "failed")
+    if failed:
+        print(f"{len(failed)} case(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed or any(v.verdict == "FAIL" for v in verdicts) else 0
 
 
 if __name__ == "__main__":

@@ -244,6 +244,19 @@ def test_judge_writes_the_summary(tmp_path):
     assert "Where the GPU time goes" not in text  # nothing profiled
 
 
+def test_the_exit_status_tells_a_failed_case_from_a_clean_part(tmp_path, capsys):
+    """1 where a target failed or a case failed: cases that all broke (a missing import on the
+    GPU machine, say) leave NOT-RUN verdicts only, which exited 0."""
+    from slapo_ae.analysis.gpu_check import main
+
+    for r in (rec("hf-sdpa", status="failed"), rec("hf-liger", status="unsupported")):
+        write_record(r, tmp_path / f"{r.id}.json")
+    assert main(["judge", str(tmp_path)]) == 1
+    assert "1 case(s) failed: hf-sdpa__bert-large-uncased" in capsys.readouterr().err
+    (tmp_path / "hf-sdpa__bert-large-uncased.json").unlink()
+    assert main(["judge", str(tmp_path)]) == 0
+
+
 def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
     """Each profiled record's rank-0 ops.json (profiles/<case id>/) gives its column: wall and
     kernel milliseconds per step, then each system's largest operators by kernel time."""
@@ -360,6 +373,49 @@ def test_script_and_wheels_are_valid_bash():
     for script in ("scripts/gpu_check.sh", "scripts/gpu_wheels.sh"):
         subprocess.run(["bash", "-n", script], cwd=REPO, check=True)
         assert os.access(REPO / script, os.X_OK)
+
+
+def test_the_wheels_carry_every_requirement_the_device_image_lacks():
+    """Each wheel scripts/gpu_wheels.sh carries needs only what is carried or what the device
+    image has (scripts/gpu_image_packages.txt), for Python 3.12 on Linux, by the requirements
+    of the versions pinned here. A rehearsal in a Python 3.12 environment without einops,
+    msgpack, attrs and wrapt stopped at `import deepspeed` and at the Snakefile."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    script = (REPO / "scripts" / "gpu_wheels.sh").read_text()
+    carried = set()
+    for array in ("harness", "workflow"):
+        names = re.search(rf"^{array}=\((.*?)\)", script, re.S | re.M).group(1)
+        carried |= {canonicalize_name(n) for n in names.split()}
+    image = {canonicalize_name(line) for line in
+             (REPO / "scripts" / "gpu_image_packages.txt").read_text().splitlines()
+             if line and not line.startswith("#")}
+    assert {"torch", "triton", "numpy", "pandas"} <= image
+    machine = {"python_version": "3.12", "python_full_version": "3.12.3", "os_name": "posix",
+               "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+               "implementation_name": "cpython", "platform_python_implementation": "CPython",
+               "extra": ""}
+    missing, absent = {}, set()
+    for name in sorted(carried):
+        try:
+            requires = distribution(name).requires or []
+        except PackageNotFoundError:
+            absent.add(name)
+            continue
+        for text in requires:
+            requirement = Requirement(text)
+            if requirement.marker and not requirement.marker.evaluate(machine):
+                continue  # an extra's, or another platform's
+            needed = canonicalize_name(requirement.name)
+            if needed not in carried | image and not needed.startswith("nvidia-"):
+                missing.setdefault(needed, []).append(name)
+    assert not missing, f"needed on the device machine, neither carried nor in its image: {missing}"
+    # only the gpu extra's liger-kernel is not in the test's environment (it needs torch and
+    # triton, which the image has)
+    assert absent <= {"liger-kernel"}
 
 
 def _tree_copy(dest):
