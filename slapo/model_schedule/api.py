@@ -38,6 +38,13 @@ Upstream keys and what they do here:
 Keys of ``ScheduleOptions`` (``tensor_parallel``, ``shard_embedding``, ``kernel_opt``,
 ``device``, ``compile_layers``) pass through. Any other key is an error that names it.
 
+Upstream's last form names the schedule instead of the config,
+``apply_schedule(model, "bert", model_config=config, **sch_config)``: the schedule registered
+under that name with ``registry.register_schedule()`` (by its file's name), else the
+package's own family of that name, gets the model and every keyword (``model_config``
+included) and returns the schedule. A schedule so registered under the model's short name or
+``model_type`` is also what ``apply_schedule(model, config, ...)`` runs.
+
 A model with schedule steps registered upstream's way (``registry.register_schedule_method``,
 under its short name or its ``model_type``) is scheduled by those steps instead, as upstream's
 ``apply_schedule`` did: ``fp16``/``bf16``, then ``shard_parameters(sch, model_config,
@@ -56,7 +63,7 @@ import inspect
 from ..schedule import create_schedule
 from ..tracing.hf_inputs import named_example_inputs
 from . import model_type, schedule_model
-from .registry import SCHEDULE_METHODS, get_schedule_method, short_name
+from .registry import SCHEDULE_METHODS, SCHEDULES, get_schedule, get_schedule_method, short_name
 
 _OPTION_KEYS = ("tensor_parallel", "shard_embedding", "kernel_opt", "ckpt_ratio", "device",
                 "compile_layers")
@@ -86,14 +93,29 @@ LAYER_GROUPS = {"wideresnet": ("layer1", "layer2", "layer3", "layer4"),
                 "t5": ("encoder.block", "decoder.block")}
 
 
-def apply_schedule(model, model_config, **sch_config):
+def apply_schedule(model, model_config=None, /, **sch_config):
     """Schedule ``model`` as its family's schedule does and return the schedule (``sch``;
     ``slapo.build(sch)`` then gives the model). The family comes from ``schedule_key`` or
     ``model_config.model_type`` (a transformers config, or a dict with ``"model_type"``),
     which must agree with the model's own config. See the module docstring for the keys, and
-    for models whose schedule steps are registered upstream's way."""
+    for models whose schedules are registered upstream's ways.
+
+    Upstream's last form, ``apply_schedule(model, "bert", model_config=config, **sch_config)``,
+    calls ``registry.get_schedule("bert")(model, model_config=config, **sch_config)``."""
+    if isinstance(model_config, str):
+        return get_schedule(model_config)(model, **sch_config)
+    if model_config is None:
+        if "model_config" not in sch_config:
+            raise TypeError("apply_schedule: give the model's config: apply_schedule(model, "
+                            "model_config, **sch_config), or a schedule's name: "
+                            "apply_schedule(model, name, model_config=..., **sch_config)")
+        model_config = sch_config.pop("model_config")
     key = sch_config.get("schedule_key")
-    registered = _registered_name(model_config) if key is None else \
+    whole = key if key in SCHEDULES else _registered_name(model_config, SCHEDULES)
+    if whole is not None:  # a schedule of upstream's last form, registered for this model
+        config = {k: v for k, v in sch_config.items() if k != "schedule_key"}
+        return SCHEDULES[whole](model, model_config=model_config, **config)
+    registered = _registered_name(model_config, SCHEDULE_METHODS) if key is None else \
         (key if SCHEDULE_METHODS.get(key) else None)
     if registered is not None:
         return _apply_registered(model, model_config, registered, sch_config)
@@ -245,10 +267,11 @@ def _cast(model, sch_config) -> None:
         model.bfloat16()
 
 
-def _registered_name(model_config) -> str | None:
-    """The name the model's steps are registered under (upstream's short name first)."""
+def _registered_name(model_config, registry: dict) -> str | None:
+    """The name the model's schedule is registered under in ``registry`` (upstream's short
+    name first, then the ``model_type``)."""
     for name in (short_name(model_config), _config_type(model_config)):
-        if name is not None and SCHEDULE_METHODS.get(name):
+        if name is not None and registry.get(name):
             return name
     return None
 

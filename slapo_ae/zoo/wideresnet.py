@@ -104,15 +104,20 @@ class WideResNet(nn.Module):
 
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_channels, config.num_classes)
-        self._init_weights()
+        for module in self.modules():
+            if not isinstance(module, nn.Linear):  # it keeps the weights it was built with
+                self._init_weights(module)
 
-    def _init_weights(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+    def _init_weights(self, module: nn.Module) -> None:
+        """One module's initial weights, transformers' convention: ``slapo.build`` calls it
+        for each module it initialises (upstream's ``build(sch, init_weights=True)``)."""
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(module, nn.BatchNorm2d):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):
+            module.reset_parameters()
 
     def forward(self, pixel_values: torch.Tensor,
                 labels: torch.Tensor | None = None) -> ImageClassifierOutput:

@@ -187,6 +187,29 @@ def test_wideresnet_structure():
     assert torch.isfinite(out.logits).all()
 
 
+def test_wideresnet_initialises_one_module_at_a_time_as_slapo_build_asks():
+    """slapo.build(sch) (init_weights=True, upstream's default) calls the model's
+    _init_weights(module) for each module, as for a transformers model; WideResNet's took no
+    module (a TypeError). Every parameter is written again (here from zeros): convolutions by
+    Kaiming's rule, batch norms ones and zeros, the classifier as torch's Linear."""
+    import slapo
+
+    model = build_model("wideresnet-tiny")
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+    built = slapo.build(slapo.create_schedule(model))[0]
+    for name, param in built.named_parameters():
+        if name.endswith("bias") and not name.startswith("fc."):  # batch norms'
+            assert not param.any(), name
+        elif ".bn" in name or name.startswith("bn") or "downsample.1" in name:
+            assert torch.equal(param, torch.ones_like(param)), name
+        else:  # convolutions and the classifier
+            assert param.std() > 0, name
+    fan_out = built.conv1.out_channels * built.conv1.kernel_size[0] ** 2
+    assert built.conv1.weight.std().item() == pytest.approx((2 / fan_out) ** 0.5, rel=0.2)
+
+
 def test_a_malformed_model_config_is_named(tmp_path, monkeypatch):
     from slapo_ae.zoo.configs import load_config
 

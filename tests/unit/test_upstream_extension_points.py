@@ -21,10 +21,12 @@ def fresh_registries():
     """Registrations made by a test are removed after it (the registries are global)."""
     registered = dict(base._REGISTERED)
     methods = {name: dict(steps) for name, steps in schedule_registry.SCHEDULE_METHODS.items()}
+    schedules = dict(schedule_registry.SCHEDULES)
     yield
     base._REGISTERED.clear(), base._REGISTERED.update(registered)
     schedule_registry.SCHEDULE_METHODS.clear()
     schedule_registry.SCHEDULE_METHODS.update(methods)
+    schedule_registry.SCHEDULES.clear(), schedule_registry.SCHEDULES.update(schedules)
 
 
 def test_a_primitive_class_is_called_by_its_name_and_keeps_its_metadata(fresh_registries):
@@ -159,6 +161,94 @@ def test_a_registered_step_asked_for_and_missing_is_an_error(fresh_registries):
         apply_schedule(GPT2LMHeadModel(config), config, ckpt_ratio=0.5)
     assert schedule_registry.short_name(_config("EleutherAI/gpt-neo-125M")) == "gpt_neo"
     assert schedule_registry.short_name(_config("")) is None
+
+
+# A user's schedule file in upstream's last form (its imports made absolute): one function,
+# registered under the file's name, given the model and every keyword; RoBERTa's delegates to
+# BERT's, as upstream's roberta.py does.
+SCHEDULE_FILE = """
+from slapo.schedule import create_schedule
+from slapo.model_schedule.registry import get_schedule, register_schedule
+
+CALLS = []
+
+
+@register_schedule()
+def _apply_schedule(model, **sch_config):
+    CALLS.append(sorted(sch_config))
+    if sch_config.get("delegate"):
+        sch_config.pop("delegate")
+        return get_schedule("bert")(model, **sch_config)
+    sch = create_schedule(model, group=sch_config.get("group"))
+    sch[sch_config["prefix"] + ".encoder.layer.0"].checkpoint()
+    return sch
+"""
+
+
+def _schedule_file(tmp_path, monkeypatch, name):
+    import importlib
+
+    (tmp_path / f"{name}.py").write_text(SCHEDULE_FILE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(name)
+
+
+def _tiny_bert(name_or_path="bert-tiny"):
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=16,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config._name_or_path = name_or_path
+    return BertForMaskedLM(config).eval(), config
+
+
+def test_a_schedule_of_upstreams_last_form_is_named_by_its_file(fresh_registries, tmp_path,
+                                                                 monkeypatch):
+    """upstream's newest registry (register_schedule, get_schedule) and apply_schedule(model,
+    schedule_key, model_config=..., **sch_config): before, the registry had neither, and the
+    call was a TypeError (two values for model_config)."""
+    module = _schedule_file(tmp_path, monkeypatch, "mybert")
+    assert schedule_registry.get_schedule("mybert") is module._apply_schedule
+    model, config = _tiny_bert()
+    sch = apply_schedule(model, "mybert", model_config=config, prefix="bert", my_key=1)
+    assert module.CALLS == [["model_config", "my_key", "prefix"]]
+    assert sch.mod is model and getattr(model.bert.encoder.layer[0], "_slapo_checkpointed", False)
+    # the config's form finds it too, by the model's short name ("mybert-tiny" -> "mybert")
+    model, config = _tiny_bert("me/mybert-tiny")
+    apply_schedule(model, config, prefix="bert")
+    assert len(module.CALLS) == 2
+    with pytest.raises(ValueError, match="Schedule method for mybert already exists."):
+        schedule_registry.register_schedule()(module._apply_schedule)
+    with pytest.raises(ValueError, match="Schedule for nosuch does not exist."):
+        apply_schedule(model, "nosuch", model_config=config)
+    with pytest.raises(TypeError, match="give the model's config"):
+        apply_schedule(model, prefix="bert")
+
+
+def test_get_schedule_of_a_shipped_family_applies_the_packages_schedule(fresh_registries,
+                                                                        tmp_path, monkeypatch):
+    """A schedule delegating to get_schedule("bert") (upstream's RoBERTa) gets the package's
+    BERT schedule where no file registered one: the same model as apply_schedule's."""
+    module = _schedule_file(tmp_path, monkeypatch, "myroberta")
+    torch.manual_seed(0)
+    model, config = _tiny_bert()
+    plain = apply_schedule(_clone(model), config, prefix="bert")
+    sch = apply_schedule(model, "myroberta", model_config=config, prefix="bert", delegate=True)
+    assert module.CALLS == [["delegate", "model_config", "prefix"]]
+    batch = {"input_ids": torch.randint(0, 64, (2, 8)), "labels": torch.randint(0, 64, (2, 8))}
+    got, want = slapo.build_module(sch)(**batch).loss, slapo.build_module(plain)(**batch).loss
+    assert torch.equal(got, want)
+    assert type(sch["bert.encoder.layer.0.attention.self"].mod) is \
+        type(plain["bert.encoder.layer.0.attention.self"].mod)
+    with pytest.raises(ValueError, match="the schedule of bert given schedule_key='gpt2'"):
+        schedule_registry.get_schedule("bert")(model, schedule_key="gpt2")
+
+
+def _clone(model):
+    import copy
+
+    return copy.deepcopy(model)
 
 
 def test_upstream_module_paths():
