@@ -75,6 +75,24 @@ def not_called_reason(sch) -> str:
     return "no ancestor is traced: call trace() on an ancestor (for a pipeline: on the root)"
 
 
+def inlined_reason(sch) -> str | None:
+    """Why ``sch``'s module never runs as a module, or None where it does: the nearest traced
+    ancestor's graph calls neither it nor a module holding it (a flattening trace inlined it,
+    reading its parameters), or that holds for a traced ancestor further up. Its hooks would
+    never run."""
+    node, below = sch.parent, [sch.name]  # ``below``: the path from ``node`` down to the module
+    while node is not None:
+        if isinstance(node.mod, fx.GraphModule):
+            calls = {n.target for n in node.mod.graph.nodes if n.op == "call_module"}
+            if not calls & {".".join(below[:k]) for k in range(1, len(below) + 1)}:
+                return (f"the graph of '{node.path or '<root>'}' does not call "
+                        f"'{'.'.join(below)}' (its trace inlined it)")
+            below = []  # it runs where this graph runs: is the graph itself called?
+        below.insert(0, node.name)
+        node = node.parent
+    return None
+
+
 def _inside_traced_graph(sch) -> bool:
     """Whether an ancestor of ``sch`` is traced (so its graph, not the module, decides)."""
     node = sch.parent

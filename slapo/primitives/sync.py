@@ -17,6 +17,7 @@ from ..sharding.sync_ops import (
     is_forward_op,
 )
 from . import register_primitive
+from .decompose import inlined_reason
 from .shard import take_local_ids
 
 logger = get_logger(__name__)
@@ -77,6 +78,10 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
         sch["fc2"].sync("fwd_post", "SR->RR")             # the whole output on every rank
     """
     where = sch.path or "<root>"
+    inlined = inlined_reason(sch)
+    if inlined:  # a hook there would never run: the training would be silently wrong
+        raise ValueError(f"sync at '{where}': {inlined}, so the sync would never run; sync "
+                         "it before that trace, or keep it a call: trace(leaves=[...])")
     if mode not in SYNC_MODES:
         raise ValueError(f"unknown sync mode '{mode}' at '{where}'; expected one of {SYNC_MODES}")
     if callable(sync_op_or_fn):

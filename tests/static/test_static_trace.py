@@ -300,6 +300,37 @@ def test_trace_keeps_syncs_and_refuses_a_replaced_forward():
         sch.trace()
 
 
+def test_a_sync_on_a_module_a_flattening_trace_inlined_is_refused():
+    """After trace(flatten=True) a child's parameters are read by the graph and the child is
+    never called, so a hook on it would never run: upstream's BERT order (fuse bias+GeLU,
+    then shard the FFN and sync its input gradient) trained with wrong gradients on 2 ranks,
+    silently. Synced before the trace, the child stays a call and the sync runs; a module
+    inside a leaf of a traced graph runs too."""
+    from transformers.models.bert.modeling_bert import BertIntermediate, BertLayer
+    sch = slapo.create_schedule(BertIntermediate(bert_config()))
+    sch["dense"].decompose()
+    sch.trace(flatten=True)
+    with pytest.raises(ValueError, match="sync at 'dense': the graph of '<root>' does not call "
+                                         r"'dense' \(its trace inlined it\)"):
+        sch["dense"].sync("bwd_post", "all_reduce")
+    plain = BertIntermediate(bert_config())
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    seen = []
+    sch["dense"].sync("bwd_post", lambda grad: seen.append(grad.shape) or grad)
+    sch["dense"].decompose()
+    sch.trace(flatten=True)
+    x = hidden(3, 5, 0).requires_grad_()
+    sch.mod(x).sum().backward()
+    assert seen == [x.shape]  # the sync ran
+    from static_models import additive_mask
+    layer = slapo.create_schedule(BertLayer(bert_config()))
+    layer.trace(leaves=["BertIntermediate"],  # a leaf: its children run inside its call
+                example_inputs={"hidden_states": hidden(*EXAMPLE, 0),
+                                "attention_mask": additive_mask(*EXAMPLE, 0)})
+    assert isinstance(layer.mod, fx.GraphModule)
+    layer["intermediate.dense"].sync("bwd_post", "all_reduce")
+
+
 def test_trace_without_example_inputs_for_simple_blocks():
     from transformers.models.bert.modeling_bert import BertIntermediate
     plain = BertIntermediate(bert_config())
