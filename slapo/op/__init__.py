@@ -18,7 +18,8 @@ device its tensors are on (``kernel_choices``).
 - ``padded_linear`` / ``PaddedLinear`` / ``use_padded_vocab`` (the vocabulary projection's
   products on aligned shapes, CUDA): ``linear.py``
 - upstream Slapo's names: ``FusedQKV``, ``FusedMLP``, ``LinearWithSeparateBias``,
-  ``LinearWithSyncFunc``, ``ParallelCrossEntropy``, ``Print``: ``upstream.py``
+  ``LinearWithSyncFunc``, ``LinearWithAct``, ``LinearWithDropout``, ``ParallelCrossEntropy``,
+  ``Print``: ``upstream.py``
 """
 
 from . import sdpa, sdpa_backend
@@ -61,6 +62,8 @@ from .sdpa import (
 from .upstream import (
     FusedMLP,
     FusedQKV,
+    LinearWithAct,
+    LinearWithDropout,
     LinearWithSeparateBias,
     LinearWithSyncFunc,
     ParallelCrossEntropy,
@@ -69,7 +72,8 @@ from .upstream import (
 
 __all__ = ["Conv1DGeLU", "CoreAttention", "Dropout", "FlashAttention", "FlashAttentionOp",
            "FusedMLP", "FusedQKV",
-           "LOSS_KINDS", "LinearGeLU", "LinearWithSeparateBias", "LinearWithSyncFunc",
+           "LOSS_KINDS", "LinearGeLU", "LinearWithAct", "LinearWithDropout",
+           "LinearWithSeparateBias", "LinearWithSyncFunc",
            "PaddedLinear", "ParallelCrossEntropy", "Print", "SLAPO_ATTENTION",
            "SLAPO_CORE_ATTENTION", "attention", "bias_gelu", "bias_gelu_kernel",
            "compiled_cross_entropy", "compiled_kernel_state", "compiled_loss", "dropout",

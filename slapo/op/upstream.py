@@ -9,8 +9,10 @@ so that its schedules find what they replace with (and then shard) where they ex
   heads (``num_heads // world_size``) of ``head_size`` each, the three interleaved per head
   feature in the weight's rows, as upstream laid them out (so that a shard of the weight along
   axis 0 keeps whole heads of all three);
-- ``FusedMLP``: ``fc_in`` (no bias) -> ``act`` (bias + GeLU fused, ``act.bias``) ->
-  ``fc_out`` -> dropout;
+- ``LinearWithAct``, ``LinearWithDropout``: a ``LinearWithSyncFunc`` whose bias add is fused
+  with the activation (GeLU) or with the dropout that follows;
+- ``FusedMLP``: ``fc_in`` (a ``LinearWithAct``) -> ``fc_out`` (a ``LinearWithDropout``), as
+  upstream's last version (an earlier one had ``fc_in`` without bias, then ``act.bias``);
 - ``ParallelCrossEntropy``: the per-token cross entropy of vocabulary-sharded logits
   (``vocab_parallel_cross_entropy`` with ``reduction="none"``);
 - ``Print``: ``print(*args)`` when it runs, returning its first argument (a debugging call
@@ -68,34 +70,58 @@ class FusedQKV(nn.Module):
         return [part.squeeze(-1).contiguous() for part in qkv.split(1, dim=-1)]
 
 
-class BiasGeLU(nn.Module):
-    """``gelu(x + bias)`` fused (``slapo.op.bias_gelu``), holding the bias."""
-
-    def __init__(self, size: int, approximate: str = "none", device=None, dtype=None):
-        super().__init__()
-        self.bias = nn.Parameter(torch.zeros(size, device=device, dtype=dtype))
-        self.approximate = approximate
+class LinearWithAct(LinearWithSyncFunc):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 act_fn: str = "gelu", device=None, dtype=None,
+                 sync_fn: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        if not bias:
+            raise ValueError("LinearWithAct needs a bias (it fuses the bias add with the "
+                             "activation); use nn.Linear without one")
+        if act_fn not in _GELU:
+            raise NotImplementedError(f"LinearWithAct: unsupported activation {act_fn!r}; "
+                                      f"expected one of {sorted(_GELU)}")
+        super().__init__(in_features, out_features, bias, device, dtype, sync_fn)
+        self.act_fn = act_fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bias_gelu(x, self.bias, self.approximate)
+        y = F.linear(x, self.weight)
+        if self.sync_fn is not None:
+            y = self.sync_fn(y)
+        return bias_gelu(y, self.bias, _GELU[self.act_fn])
+
+
+class LinearWithDropout(LinearWithSyncFunc):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, p: float = 0.5,
+                 inplace: bool = False, device=None, dtype=None,
+                 sync_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 use_torchscript: bool = False):
+        # use_torchscript: upstream's choice of fuser for bias + dropout; one op here
+        if not bias:
+            raise ValueError("LinearWithDropout needs a bias (it fuses the bias add with the "
+                             "dropout); use nn.Linear without one")
+        super().__init__(in_features, out_features, bias, device, dtype, sync_fn)
+        self.p, self.inplace, self.use_torchscript = p, inplace, use_torchscript
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)
+        if self.sync_fn is not None:
+            y = self.sync_fn(y)
+        return F.dropout(y + self.bias, self.p, self.training, self.inplace)
 
 
 class FusedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, orig_act: str,
                  resid_pdrop: float, use_torchscript: bool = False):
-        # use_torchscript: upstream scripted its bias+GeLU; BiasGeLU here is compiled by
-        # slapo.op.bias_gelu's rule (torch.compile on CUDA), so the flag changes nothing
         super().__init__()
         if orig_act not in _GELU:
             raise NotImplementedError(f"FusedMLP: unsupported activation {orig_act!r}; "
                                       f"expected one of {sorted(_GELU)}")
-        self.fc_in = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.act = BiasGeLU(intermediate_size, _GELU[orig_act])
-        self.fc_out = nn.Linear(intermediate_size, hidden_size)
-        self.dropout = nn.Dropout(resid_pdrop)
+        self.fc_in = LinearWithAct(hidden_size, intermediate_size, act_fn=orig_act)
+        self.fc_out = LinearWithDropout(intermediate_size, hidden_size, p=resid_pdrop,
+                                        use_torchscript=use_torchscript)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc_out(self.act(self.fc_in(hidden_states))))
+        return self.fc_out(self.fc_in(hidden_states))
 
 
 class ParallelCrossEntropy(nn.Module):

@@ -18,7 +18,7 @@ from ..sharding.sync_ops import (
 )
 from . import register_primitive
 from .decompose import inlined_reason
-from .shard import take_local_ids
+from .shard import shard_spec, take_local_ids
 
 logger = get_logger(__name__)
 
@@ -112,6 +112,14 @@ def sync(sch, mode: str = "bwd_post", sync_op_or_fn: str | Callable = "all_reduc
     def forward_op(x):
         return apply_forward_op(sync_op_or_fn, x, group, axis, tensor_parallel_output_grad)
 
+    if mode == "fwd_post" and _reduces_before_bias(sch.mod):
+        # its partial sums are reduced before its bias (and what it fuses with the bias:
+        # an activation, a dropout), as upstream set the module's sync_fn
+        if sch.mod.sync_fn is not None:
+            raise ValueError(f"sync at '{where}': {type(sch.mod).__name__} already has a "
+                             "sync_fn, which runs where this sync would")
+        sch.mod.sync_fn = forward_op
+        return
     if mode == "fwd_post":
         post_chain(sch.mod).append(on_first_tensor(forward_op))
         return
@@ -151,6 +159,14 @@ def _is_hook(fn: Callable, mode: str, where: str) -> bool:
     raise TypeError(f"sync at '{where}': a callable sync_op_or_fn takes one tensor, or the "
                     f"arguments of a {mode} hook {HOOK_ARGUMENTS[mode]}; "
                     f"{getattr(fn, '__qualname__', fn)!s}{inspect.signature(fn)} takes neither")
+
+
+def _reduces_before_bias(mod) -> bool:
+    """Whether ``mod`` is a row-parallel linear of a class whose forward reduces its partial
+    sums before it adds its bias (``slapo.op.LinearWithSyncFunc`` and its subclasses)."""
+    spec = shard_spec(getattr(mod, "weight", None))
+    return (state.has_row_parallel_forward(mod) and getattr(mod, "bias", None) is not None
+            and spec is not None and spec.axis == 1)
 
 
 def _register_hook(mod, mode: str, hook: Callable) -> None:
