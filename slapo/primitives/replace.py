@@ -126,7 +126,7 @@ def replace_all(sch, target, make_mod_fn: Callable, **kwargs) -> list[str]:
     Returns the paths replaced (for a pattern: of the graphs, once per match)::
 
         sch.replace_all(nn.Dropout, lambda path, mod: slapo.op.Dropout(mod.p))
-        sch.replace_all(lambda x, bias: F.gelu(x + bias), lambda path, match: BiasGeLU())
+        sch.replace_all(lambda x, bias: F.gelu(x + bias), lambda path, match: MyBiasGeLU())
     """
     if isinstance(make_mod_fn, type):
         raise TypeError(f"replace_all(target, make_mod_fn): make_mod_fn is the class "
