@@ -47,10 +47,14 @@ class LinearWithSyncFunc(nn.Linear):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.sync_fn = sync_fn
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def synced_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W^T`` with ``sync_fn`` applied: what the bias (and what a subclass fuses
+        with it) is added to."""
         y = F.linear(x, self.weight)
-        if self.sync_fn is not None:
-            y = self.sync_fn(y)
+        return y if self.sync_fn is None else self.sync_fn(y)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.synced_matmul(x)
         return y if self.bias is None else y + self.bias
 
 
@@ -84,10 +88,7 @@ class LinearWithAct(LinearWithSyncFunc):
         self.act_fn = act_fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
-        if self.sync_fn is not None:
-            y = self.sync_fn(y)
-        return bias_gelu(y, self.bias, _GELU[self.act_fn])
+        return bias_gelu(self.synced_matmul(x), self.bias, _GELU[self.act_fn])
 
 
 class LinearWithDropout(LinearWithSyncFunc):
@@ -103,10 +104,7 @@ class LinearWithDropout(LinearWithSyncFunc):
         self.p, self.inplace, self.use_torchscript = p, inplace, use_torchscript
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
-        if self.sync_fn is not None:
-            y = self.sync_fn(y)
-        return F.dropout(y + self.bias, self.p, self.training, self.inplace)
+        return F.dropout(self.synced_matmul(x) + self.bias, self.p, self.training, self.inplace)
 
 
 class FusedMLP(nn.Module):
