@@ -13,14 +13,14 @@ Upstream keys and what they do here:
   ``"head"``, the default here), or, as upstream's default ``"uniform"``, every
   ``int(1 / ckpt_ratio)``-th layer from the first (BERT, RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA;
   refused for T5 and WideResNet between 0 and 1, where the two methods differ);
-- ``pipeline_cuts``: a list of layer indices (BERT, RoBERTa, GPT-Neo, LLaMA), or, in
+- ``pipeline_cuts``: a list of layer indices (BERT, RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA), or, in
   upstream's form for models with several layer lists, one list for each: WideResNet's
   ``layer1`` .. ``layer4``; T5's ``encoder.block`` and ``decoder.block``, with a stage
   boundary after the encoder as well. The root is traced as upstream's
   ``generate_pipeline_schedule`` traced it (``trace_for_pipeline`` down to the layer lists,
   whose layers stay calls; upstream's inputs stay arguments, in the forward's order:
   ``input_ids``, ``attention_mask`` and ``token_type_ids`` (BERT, RoBERTa) or ``position_ids``
-  (GPT-Neo, LLaMA), with ``decoder_input_ids`` and ``decoder_attention_mask`` (T5),
+  (GPT-2, GPT-Neo, OPT, LLaMA), with ``decoder_input_ids`` and ``decoder_attention_mask`` (T5),
   ``pixel_values`` (WideResNet; upstream's torchvision model called it ``x``); every other
   argument is fixed at its default, ``use_cache`` off) and a pipeline stage is cut after each
   listed layer; ``slapo.build(sch, target="deepspeed", topology=...)`` (or
@@ -75,17 +75,18 @@ _OFF_ONLY = ("sequence_parallel", "disable_fuse_bias_gelu")
 # where upstream's uniform checkpointing and pipeline cuts find the layers.
 LAYER_LISTS = {"bert": "encoder.layer", "roberta": "encoder.layer", "gpt2": "h",
                "gpt_neo": "h", "opt": "decoder.layers", "llama": "layers"}
-# The families whose whole model is traced and cut into pipeline stages (tested: a tiny
-# model of each trains like the plain one on DeepSpeed's pipeline engine), and the arguments
-# their first stage takes, in this order (upstream's input names for each).
+# The arguments the first pipeline stage of each family takes, in this order (upstream's
+# input names for each); every family is cut (tested: a tiny model of each trains like the
+# plain one on DeepSpeed's pipeline engine).
 PIPELINE_INPUTS = {"bert": ("input_ids", "attention_mask", "token_type_ids"),
                    "roberta": ("input_ids", "attention_mask", "token_type_ids"),
+                   "gpt2": ("input_ids", "attention_mask", "position_ids"),
                    "gpt_neo": ("input_ids", "attention_mask", "position_ids"),
+                   "opt": ("input_ids", "attention_mask", "position_ids"),
                    "llama": ("input_ids", "attention_mask", "position_ids"),
                    "t5": ("input_ids", "attention_mask", "decoder_input_ids",
                           "decoder_attention_mask"),
                    "wideresnet": ("pixel_values",)}  # upstream's torchvision model: "x"
-PIPELINE_FAMILIES = tuple(PIPELINE_INPUTS)
 # Families whose layers are in several lists, and their pipeline_cuts one list of layer
 # indices for each (upstream's form): WideResNet [[cuts in layer1], .., [.. layer4]]; T5
 # [[cuts in encoder.block], [.. decoder.block]], with a cut after the encoder as well.
@@ -146,10 +147,6 @@ def apply_schedule(model, model_config=None, /, **sch_config):
                                   "schedule checkpoints the first layers ('head')")
     cuts = sch_config.get("pipeline_cuts")
     if cuts:  # checked before anything changes
-        if family not in PIPELINE_FAMILIES:
-            raise NotImplementedError(f"apply_schedule: pipeline_cuts for {family}: the "
-                                      f"families cut into pipeline stages here are "
-                                      f"{', '.join(PIPELINE_FAMILIES)}")
         _cut_paths(model, family, cuts)
     _cast(model, sch_config)
     prefix = sch_config.get("prefix", "")

@@ -173,8 +173,9 @@ def _assign_stages(graph: fx.Graph, cut_nodes: list[fx.Node]) -> dict[fx.Node, i
 # torch.distributed.pipelining sends tensors only, and a stage after the first learns their
 # shapes first (it runs its forward once on empty tensors of those shapes). So a Python value
 # crosses as a tensor with no elements whose metadata holds it exactly: an int n as shape
-# (n, 0), a torch.Size s as shape (*s, 0), a bool as (0 or 1, 0), a dtype as the dtype, a
-# device as the device (the receiving stage's own). Nothing is communicated but metadata,
+# (n, 0), a torch.Size s as shape (*(s + 1), 0) (each size plus one, so that a view's -1
+# crosses), a bool as (0 or 1, 0), a dtype as the dtype, a device as the device (the
+# receiving stage's own). Nothing is communicated but metadata,
 # and the value is right even in that first, empty run. A tuple or list crosses item by item
 # and is rebuilt where it is used; None is None in the stage that uses it. Of a value whose
 # later users each read one item of it (x[0], x["name"], x.name) only those items cross; a
@@ -189,8 +190,12 @@ def to_carrier(value, like: torch.Tensor, kind: str, what: str) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int8, device=value)
     if kind == "dtype":
         return torch.empty(0, dtype=value, device=like.device)
-    if kind == "Size":
-        return torch.empty((*value, 0), dtype=torch.int8, device=like.device)
+    if kind == "Size":  # shifted by one: a view's -1 ("infer this size") crosses as 0
+        if any(size < -1 for size in value):
+            raise ValueError(f"{what} is {value!r} at run time; a size below -1 cannot cross "
+                             "a pipeline cut")
+        return torch.empty((*(size + 1 for size in value), 0), dtype=torch.int8,
+                           device=like.device)
     if type(value) is not (bool if kind == "bool" else int) or value < 0:
         raise ValueError(f"{what} is {value!r} at run time; only a non-negative {kind} (as "
                          "traced) can cross a pipeline cut")
@@ -204,7 +209,7 @@ def from_carrier(carrier: torch.Tensor, kind: str):
     if kind == "dtype":
         return carrier.dtype
     if kind == "Size":
-        return carrier.shape[:-1]
+        return torch.Size(size - 1 for size in carrier.shape[:-1])
     return bool(carrier.shape[0]) if kind == "bool" else int(carrier.shape[0])
 
 

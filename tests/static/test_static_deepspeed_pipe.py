@@ -23,7 +23,8 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   (its losses) and from the meta device (one step); and ``bcast_input`` without a pipeline;
 - upstream's pipelines of BERT and RoBERTa through ``apply_schedule``'s ``pipeline_cuts``
   (``[input_ids, attention_mask, token_type_ids]``), pipeline 2 x tensor 2, the MLM decoder
-  tied to the word embedding across the stages, a vocabulary-parallel loss; and of
+  tied to the word embedding across the stages, a vocabulary-parallel loss; of OPT and
+  GPT-2 (``[input_ids, attention_mask, position_ids]``), their LM heads tied likewise; and of
   WideResNet (a list of block cuts for each of its four layers), its convolutions and batch
   norms sharded; and of T5 (a list of cuts for the encoder's blocks and one for the
   decoder's, and a stage boundary after the encoder): the encoder's output and the shared
@@ -65,12 +66,29 @@ LAYERS = {"llama-tiny": lambda model: model.model.layers,
           "gpt-neo-tiny": lambda model: model.transformer.h}
 
 
+def _gpt2_config():
+    """A tiny GPT-2 (upstream's family; the zoo has no GPT-2 model), dropout off."""
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=128, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4,
+                      attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, use_cache=False,
+                      bos_token_id=0, eos_token_id=0)
+
+
 def _model(name):
     torch.manual_seed(0)
+    if name == "gpt2-tiny":
+        from transformers import GPT2LMHeadModel
+
+        return GPT2LMHeadModel(_gpt2_config())
     return build_model(name, **no_dropout(name))
 
 
 def _batch(name, step):
+    if name == "gpt2-tiny":
+        gen = torch.Generator().manual_seed(10 + step)
+        ids = torch.randint(0, _gpt2_config().vocab_size, (BATCH, SEQ), generator=gen)
+        return ids, torch.ones_like(ids), ids
     batch = synthetic_batch(name, BATCH, SEQ, seed=10 + step)
     return batch["input_ids"], batch["attention_mask"], batch["labels"]
 
@@ -221,6 +239,31 @@ def _upstream_encoder_pipeline(name):
 
     return _train_on_engine(sch, topo, lambda out, labels: parallel_loss(out, labels).mean(),
                             batch)
+
+
+def _upstream_decoder_pipeline(name):
+    """Upstream's pipelines of OPT and GPT-2 through ``apply_schedule``'s ``pipeline_cuts``
+    (``[input_ids, attention_mask, position_ids]``, upstream's OPT inputs), pipeline 2 x
+    tensor 2 with ``bcast_input``, the LM head tied to the word embedding across the stages
+    and sharded by vocabulary with it, upstream's vocabulary-parallel loss."""
+    from slapo.model_schedule import apply_schedule
+    from slapo.op import ParallelCrossEntropy
+
+    topo = slapo.Topology(dp=1, pp=2, tp=2)
+    model = _model(name)
+    sch = apply_schedule(model, model.config, group=topo.tensor_group, pipeline_cuts=[0],
+                         bcast_input=True)
+    parallel_loss = ParallelCrossEntropy(group=topo.tensor_group)
+
+    def loss_fn(outputs, labels):  # upstream's 3D example's
+        return parallel_loss(outputs[..., :-1, :].contiguous(),
+                             labels[..., 1:].contiguous()).contiguous().mean()
+
+    def batch(step):
+        ids, mask, labels = _batch(name, step)
+        return (ids, mask, torch.arange(SEQ).expand(BATCH, SEQ)), labels
+
+    return _train_on_engine(sch, topo, loss_fn, batch)
 
 
 def _train_on_engine(sch, topo, loss_fn, batch):
@@ -395,6 +438,8 @@ def _all():
             "model_loss": _train("llama-tiny", dp=2, pp=2, tp=1, model_loss=True),
             "bert": _upstream_encoder_pipeline("bert-tiny"),
             "roberta": _upstream_encoder_pipeline("roberta-tiny"),
+            "opt": _upstream_decoder_pipeline("opt-tiny"),
+            "gpt2": _upstream_decoder_pipeline("gpt2-tiny"),
             "wideresnet": _upstream_wideresnet_pipeline(), "t5": _upstream_t5_pipeline(pp=2),
             "t5_pp4": _upstream_t5_pipeline(pp=4),
             "meta": _from_meta(), "misuse": _misuse(), "upstream_3d": _upstream_3d(),
@@ -474,6 +519,14 @@ def test_upstreams_3d_example_trains_like_the_plain_model(ranks):
 @pytest.mark.parametrize("run,name", [("bert", "bert-tiny"), ("roberta", "roberta-tiny")])
 def test_upstreams_encoder_pipelines_train_like_the_plain_model(ranks, run, name):
     plain = _plain_losses(name, mlm_loss)
+    for rank, result in enumerate(ranks):
+        for step, (mine, expected) in enumerate(zip(result[run]["losses"], plain, strict=True)):
+            assert abs(mine - expected) <= TOL * abs(expected), (run, rank, step, mine, expected)
+
+
+@pytest.mark.parametrize("run,name", [("opt", "opt-tiny"), ("gpt2", "gpt2-tiny")])
+def test_upstreams_decoder_pipelines_train_like_the_plain_model(ranks, run, name):
+    plain = _plain_losses(name)
     for rank, result in enumerate(ranks):
         for step, (mine, expected) in enumerate(zip(result[run]["losses"], plain, strict=True)):
             assert abs(mine - expected) <= TOL * abs(expected), (run, rank, step, mine, expected)

@@ -111,7 +111,7 @@ def test_ints_sizes_bools_devices_and_none_cross():
     kinds = [n.meta["slapo_kind"] for n in stages[1].graph.nodes if n.op == "placeholder"]
     assert set(kinds) == {"tensor"}
     assert sorted(tuple(v.shape) for v in sent if v.numel() == 0) == \
-        [(0,), (1, 0), (5, 0), (5, 2, 4, 0)]  # device, bool, int, Size
+        [(0,), (1, 0), (5, 0), (6, 3, 5, 0)]  # device, bool, int, Size (sizes + 1)
     # the tuple is rebuilt where it is used, its None item in place
     rebuilt = [n for n in stages[1].graph.nodes if n.target is tuple]
     assert len(rebuilt) == 1 and rebuilt[0].args[0][1] is None
@@ -121,12 +121,16 @@ def test_carriers_round_trip():
     like = torch.zeros(1)
     for kind, value in (("int", 7), ("int", 0), ("bool", True), ("bool", False),
                         ("Size", torch.Size([2, 3])), ("dtype", torch.bfloat16),
+                        ("Size", torch.Size([-1, 0, 3])),  # GPT-2's view to (-1, S, H)
                         ("device", torch.device("cpu"))):
         carrier = to_carrier(value, like, kind, "v")
         assert carrier.numel() == 0 and from_carrier(carrier, kind) == value
         assert type(from_carrier(carrier, kind)) is type(value)
     with pytest.raises(ValueError, match="'x' .* is -3 at run time; only a non-negative int"):
         to_carrier(-3, like, "int", "the value 'x' (int)")
+    with pytest.raises(ValueError, match="'s' .* is torch.Size\\(\\[2, -2\\]\\) at run time; "
+                                         "a size below -1"):
+        to_carrier(torch.Size([2, -2]), like, "Size", "the value 's' (Size)")
 
 
 class _FloatAcross(nn.Module):

@@ -73,9 +73,8 @@ def test_half_precision_casts_the_model(key, dtype):
     ({"tensor_paralel": True, "ckpt": 1}, ValueError, r"unknown .* key\(s\) ckpt, tensor_paralel"),
     ({"fp16": True, "bf16": True}, ValueError, "both fp16 and bf16"),
     ({"sequence_parallel": True}, NotImplementedError, "sequence_parallel"),
-    ({"pipeline_cuts": [[1]]}, NotImplementedError,
-     "pipeline_cuts for gpt2: the families cut into pipeline stages here are bert, roberta, "
-     "gpt_neo, llama, t5, wideresnet"),
+    ({"pipeline_cuts": [[1]]}, ValueError,
+     r"pipeline_cuts \[\[1\]\] in the model \(2 layers\) must be increasing layer indices"),
     ({"schedule_key": "bert"}, ValueError, "schedule_key says 'bert' but the model is a "
                                            "GPT2LMHeadModel of type 'gpt2'"),
     ({"checkpoint_method": "every"}, ValueError, "unknown checkpoint_method 'every'"),
@@ -161,6 +160,7 @@ def test_t5_pipeline_cuts_are_a_list_for_the_encoder_and_one_for_the_decoder(cut
 @pytest.mark.parametrize("name, key, inputs, cuts", [
     ("llama-tiny", "llama", ["input_ids", "attention_mask", "position_ids"], [0]),
     ("bert-tiny", "bert", ["input_ids", "attention_mask", "token_type_ids"], [0]),
+    ("opt-tiny", "opt", ["input_ids", "attention_mask", "position_ids"], [0]),
     ("wideresnet-tiny", "wideresnet", ["pixel_values"], [[0], [], [0], []]),
     ("t5-tiny", "t5", ["input_ids", "attention_mask", "decoder_input_ids",
                        "decoder_attention_mask"], [[0], [0]]),  # and a cut after the encoder
@@ -228,8 +228,9 @@ def test_a_model_scheduled_in_eval_mode_computes_as_the_plain_model(name):
 def test_the_harness_pipelines_families_apply_schedule_cuts():
     """Slapo-3D cuts the layers that apply_schedule's pipeline_cuts would (the harness's
     parent decides without torch which families it can pipeline: those megatron-core's GPT
-    pipelines too, a subset of apply_schedule's)."""
-    from slapo.model_schedule.api import PIPELINE_FAMILIES
+    pipelines too, a subset of apply_schedule's, which cuts every family)."""
+    from slapo.model_schedule import FAMILIES
+    from slapo.model_schedule.api import PIPELINE_INPUTS
     from slapo_ae.harness.systems.support import PIPELINE_LAYERS
 
-    assert set(PIPELINE_LAYERS) <= set(PIPELINE_FAMILIES)
+    assert set(PIPELINE_LAYERS) <= set(PIPELINE_INPUTS) == set(FAMILIES)
