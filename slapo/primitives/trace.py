@@ -10,7 +10,8 @@ from torch import nn
 from .. import state
 from ..hooks import move_hooks
 from ..tracing import is_inert_hook, is_traced, trace_module
-from ..tracing.hf_inputs import example_inputs_from_config
+from ..tracing.adapter import adapter_of
+from ..tracing.hf_inputs import example_inputs_from_config, skipped_mask_makers
 from . import register_primitive
 from .decompose import split_hooked_biases
 
@@ -122,10 +123,15 @@ def _trace(sch, recursive, flatten, leaves, tracer, concrete_args, config, examp
     leaves = [*_as_list(leaves), *_as_list(leaf_modules)]
     if not recursive and not flatten:
         leaves += _children_as_calls(sch.mod)
+    if config is None:
+        config = _model_config(sch)
     if example_inputs is None:
         example_inputs = _inputs_from_model_config(sch, tracer, config, concrete_args, where)
     gm = trace_module(sch.mod, example_inputs=example_inputs, concrete_args=concrete_args,
                       leaves=leaves, flatten=flatten, path=sch.path)
+    if config is not None:  # a block of a transformers model, called as transformers calls it
+        adapter = adapter_of(gm)
+        adapter.none_makers = skipped_mask_makers(sch.mod, adapter.tensor_inputs)
     split_hooked_biases(gm)
     kept = {id(mod) for mod in sch.mod.modules()}
     for mod in gm.modules():  # the graph module and the ones holding its attributes are new
@@ -145,8 +151,6 @@ def _inputs_from_model_config(sch, tracer, config, concrete_args, where):
     (``config``, else the module's or its nearest ancestor's), as upstream's HF tracer made
     them: required for ``tracer="huggingface"``; for other tracers whenever there is such a
     config and every argument to trace has a maker (else None: traced without examples)."""
-    if config is None:
-        config = _model_config(sch)
     if tracer == "huggingface":
         return example_inputs_from_config(sch.mod, config, concrete_args, where)
     if config is None:

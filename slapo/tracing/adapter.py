@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,6 +40,13 @@ class CallAdapter:
                                for m in plan.slot_meta]
         self.fixed = plan.fixed
         self.where = where
+        # each tensor input's example dimensions and dtype, and the functions that make a
+        # tensor input the caller left None (of a transformers block: its masks; see
+        # hf_inputs.skipped_mask_makers), set by whoever traced it
+        self.tensor_inputs = {slot.name: (meta.dim(), meta.dtype)
+                              for slot, meta in zip(plan.slots, plan.slot_meta, strict=True)
+                              if isinstance(meta, torch.Tensor)}
+        self.none_makers: dict[str, Callable[[dict], torch.Tensor | None]] = {}
 
     def map_call(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """The graph inputs of a call with the original signature (as the hook's (args,
@@ -62,9 +70,7 @@ class CallAdapter:
                 value = self.signature.parameters[slot.param].default
                 value = None if value is inspect.Parameter.empty else value
             if is_tensor and value is None:
-                raise ValueError(f"traced '{self.where}' takes a tensor for '{slot.name}' (a "
-                                 "graph input) but was called with None; trace it again "
-                                 "without that input")
+                value = self._made_for_none(slot.name, values)
             inputs.append(value)
         slot_params = {s.param for s in self.slots}
         for name, value in values.items():  # only what the caller passed explicitly
@@ -82,6 +88,15 @@ class CallAdapter:
             elif name not in slot_params:
                 self._check(name, self.fixed.get(name, param.default), value)
         return tuple(inputs), {}
+
+    def _made_for_none(self, name: str, values: dict) -> torch.Tensor:
+        make = self.none_makers.get(name)
+        value = make(values) if make is not None else None
+        if value is None:
+            raise ValueError(f"traced '{self.where}' takes a tensor for '{name}' (a graph "
+                             "input) but was called with None; trace it again without that "
+                             "input")
+        return value
 
     def _check(self, name: str, traced: Any, value: Any) -> None:
         if traced is value:

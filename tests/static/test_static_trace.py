@@ -281,8 +281,8 @@ def test_fixed_arguments_are_checked_at_call_time():
     sch.mod(**batch, output_attentions=False)          # the traced value: fine
     with pytest.raises(ValueError, match="'output_attentions' fixed to False"):
         sch.mod(**batch, output_attentions=True)
-    with pytest.raises(ValueError, match="takes a tensor for 'attention_mask'"):
-        sch.mod(batch["hidden_states"], attention_mask=None)
+    with pytest.raises(ValueError, match="takes a tensor for 'hidden_states'"):
+        sch.mod(None, attention_mask=batch["attention_mask"])
 
 
 def test_trace_keeps_syncs_and_refuses_a_replaced_forward():
