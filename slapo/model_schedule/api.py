@@ -20,7 +20,8 @@ Upstream keys and what they do here:
   ``generate_pipeline_schedule`` traced it (``trace_for_pipeline`` down to the layer lists,
   whose layers stay calls; upstream's inputs stay arguments, in the forward's order:
   ``input_ids``, ``attention_mask`` and ``token_type_ids`` (BERT, RoBERTa) or ``position_ids``
-  (GPT-2, GPT-Neo, OPT, LLaMA), with ``decoder_input_ids`` and ``decoder_attention_mask`` (T5),
+  (GPT-2, GPT-Neo, LLaMA; not OPT, whose transformers 4 model upstream traced had none), with
+  ``decoder_input_ids`` and ``decoder_attention_mask`` (T5),
   ``pixel_values`` (WideResNet; upstream's torchvision model called it ``x``); every other
   argument is fixed at its default, ``use_cache`` off) and a pipeline stage is cut after each
   listed layer; ``slapo.build(sch, target="deepspeed", topology=...)`` (or
@@ -82,7 +83,9 @@ PIPELINE_INPUTS = {"bert": ("input_ids", "attention_mask", "token_type_ids"),
                    "roberta": ("input_ids", "attention_mask", "token_type_ids"),
                    "gpt2": ("input_ids", "attention_mask", "position_ids"),
                    "gpt_neo": ("input_ids", "attention_mask", "position_ids"),
-                   "opt": ("input_ids", "attention_mask", "position_ids"),
+                   # upstream named position_ids too, which transformers 4's OPT did not
+                   # take: its stages took these two (OPT's positions come from the mask)
+                   "opt": ("input_ids", "attention_mask"),
                    "llama": ("input_ids", "attention_mask", "position_ids"),
                    "t5": ("input_ids", "attention_mask", "decoder_input_ids",
                           "decoder_attention_mask"),

@@ -25,6 +25,7 @@ device its tensors are on (``kernel_choices``).
 from . import sdpa, sdpa_backend
 from .cross_entropy import (
     LOSS_KINDS,
+    ParallelCrossEntropy,
     compiled_cross_entropy,
     compiled_loss,
     vocab_parallel_cross_entropy,
@@ -66,7 +67,6 @@ from .upstream import (
     LinearWithDropout,
     LinearWithSeparateBias,
     LinearWithSyncFunc,
-    ParallelCrossEntropy,
     Print,
 )
 

@@ -18,7 +18,8 @@ With world size 1 (or no process group) it is a plain cross entropy. Given ``voc
 logits of ids past it (a vocabulary padded so that the ranks divide it, ``shard(pad=True)``)
 are left out: as if they were -inf, so they get no probability and no gradient.
 
-Also here: the same loss on unsharded logits compiled into one region
+Also here: upstream's module of it (``ParallelCrossEntropy``), and the same loss on unsharded
+logits compiled into one region
 (``compiled_cross_entropy``, ``compiled_loss``), the kernel path's loss on CUDA.
 """
 
@@ -107,6 +108,18 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, gro
 
 
 LOSS_KINDS = ("causal", "masked", "seq2seq")
+
+
+class ParallelCrossEntropy(torch.nn.Module):
+    """Upstream's module of the loss: the per-token losses of vocabulary-sharded logits
+    (``reduction="none"``); here, where upstream's scripts import it from."""
+
+    def __init__(self, group=None):
+        super().__init__()
+        self.group = group
+
+    def forward(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(outputs, labels, self.group, reduction="none")
 
 
 def _logits_and_target(output, target: torch.Tensor, kind: str):

@@ -14,7 +14,8 @@ so that its schedules find what they replace with (and then shard) where they ex
 - ``FusedMLP``: ``fc_in`` (a ``LinearWithAct``) -> ``fc_out`` (a ``LinearWithDropout``), as
   upstream's last version (an earlier one had ``fc_in`` without bias, then ``act.bias``);
 - ``ParallelCrossEntropy``: the per-token cross entropy of vocabulary-sharded logits
-  (``vocab_parallel_cross_entropy`` with ``reduction="none"``);
+  (``vocab_parallel_cross_entropy`` with ``reduction="none"``; defined in ``cross_entropy``,
+  where upstream's scripts import it from);
 - ``Print``: ``print(*args)`` when it runs, returning its first argument (a debugging call
   that stays a call in a traced graph: what was fixed at tracing, such as a formatted proxy,
   prints as it was then; shapes of its other arguments print as they are at run time).
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import state
-from .cross_entropy import vocab_parallel_cross_entropy
+from .cross_entropy import ParallelCrossEntropy  # noqa: F401 (importable here too)
 from .gelu import bias_gelu
 
 _GELU = {"gelu": "none", "gelu_new": "tanh"}  # HF activation names -> F.gelu approximation
@@ -120,15 +121,6 @@ class FusedMLP(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.fc_out(self.fc_in(hidden_states))
-
-
-class ParallelCrossEntropy(nn.Module):
-    def __init__(self, group=None):
-        super().__init__()
-        self.group = group
-
-    def forward(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(outputs, labels, self.group, reduction="none")
 
 
 @state.leaf_class

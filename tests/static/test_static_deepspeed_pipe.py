@@ -23,8 +23,9 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   (its losses) and from the meta device (one step); and ``bcast_input`` without a pipeline;
 - upstream's pipelines of BERT and RoBERTa through ``apply_schedule``'s ``pipeline_cuts``
   (``[input_ids, attention_mask, token_type_ids]``), pipeline 2 x tensor 2, the MLM decoder
-  tied to the word embedding across the stages, a vocabulary-parallel loss; of OPT and
-  GPT-2 (``[input_ids, attention_mask, position_ids]``), their LM heads tied likewise; and of
+  tied to the word embedding across the stages, a vocabulary-parallel loss; of OPT
+  (``[input_ids, attention_mask]``) and GPT-2 (with ``position_ids``), their LM heads tied
+  likewise; and of
   WideResNet (a list of block cuts for each of its four layers), its convolutions and batch
   norms sharded; and of T5 (a list of cuts for the encoder's blocks and one for the
   decoder's, and a stage boundary after the encoder): the encoder's output and the shared
@@ -243,9 +244,10 @@ def _upstream_encoder_pipeline(name):
 
 def _upstream_decoder_pipeline(name):
     """Upstream's pipelines of OPT and GPT-2 through ``apply_schedule``'s ``pipeline_cuts``
-    (``[input_ids, attention_mask, position_ids]``, upstream's OPT inputs), pipeline 2 x
-    tensor 2 with ``bcast_input``, the LM head tied to the word embedding across the stages
-    and sharded by vocabulary with it, upstream's vocabulary-parallel loss."""
+    (as its examples feed them: ``[input_ids, attention_mask]`` for OPT, with
+    ``position_ids`` for GPT-2), pipeline 2 x tensor 2 with ``bcast_input``, the LM head tied
+    to the word embedding across the stages and sharded by vocabulary with it, upstream's
+    vocabulary-parallel loss."""
     from slapo.model_schedule import apply_schedule
     from slapo.op import ParallelCrossEntropy
 
@@ -261,6 +263,8 @@ def _upstream_decoder_pipeline(name):
 
     def batch(step):
         ids, mask, labels = _batch(name, step)
+        if name == "opt-tiny":
+            return (ids, mask), labels
         return (ids, mask, torch.arange(SEQ).expand(BATCH, SEQ)), labels
 
     return _train_on_engine(sch, topo, loss_fn, batch)

@@ -1,5 +1,6 @@
 """Upstream Slapo's smaller names: slapo.logger, slapo.utils.common.get_hooks,
 the RNG tracker's Megatron names, fuse(compiler="TorchScript"), slapo.op.Print,
+slapo.op.cross_entropy.ParallelCrossEntropy,
 FusedMLP(use_torchscript=), annotations as parameter attributes and metadata.param_tags."""
 
 import logging
@@ -41,6 +42,19 @@ def test_get_hooks_lists_the_module_hooks_by_kind():
     lin.register_forward_hook(lambda mod, args, out: out)
     hooks = get_hooks(lin)
     assert [len(hooks[k]) for k in ("fwd_pre", "fwd_post", "bwd_post")] == [1, 1, 1]
+
+
+def test_parallel_cross_entropy_where_upstreams_scripts_import_it():
+    """Upstream's OPT example imports it from slapo.op.cross_entropy (until 2026-12-06 only
+    slapo.op had it); on one process it is the per-token cross entropy, 0 where ignored."""
+    from slapo.op.cross_entropy import ParallelCrossEntropy
+
+    assert ParallelCrossEntropy is slapo.op.ParallelCrossEntropy
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
+    labels[0, 1] = -100
+    torch.testing.assert_close(ParallelCrossEntropy()(logits, labels),
+                               F.cross_entropy(logits.transpose(1, 2), labels, reduction="none"))
 
 
 def test_megatron_names_of_the_rng_tracker():
