@@ -121,9 +121,9 @@ def named_example_inputs(mod: nn.Module, config, names) -> dict[str, torch.Tenso
 # cannot take None; such a call gets the mask the model left out instead: one that masks
 # nothing (broadcast over every dimension), or, for a block whose attention is causal and not
 # transformers' eager one (which reads None as no mask, and always gets the causal mask from
-# the model), the causal mask of its ``hidden_states``' length. The mask keeps the traced one's kind (additive
-# floats in ``hidden_states``' dtype, as transformers makes them, or booleans, True where a
-# query attends).
+# the model), the causal mask of its ``hidden_states``' length. The mask keeps the traced
+# one's kind (additive floats in ``hidden_states``' dtype, as transformers makes them, or
+# booleans, True where a query attends).
 MASK_ARGUMENTS = ("attention_mask", "encoder_attention_mask")
 
 
