@@ -91,8 +91,9 @@ def example_inputs_from_config(mod: nn.Module, config, concrete_args: dict | Non
     for name, p in inspect.signature(mod.forward).parameters.items():
         if name in fixed or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        example = _MAKERS[name](config, model) if name in _MAKERS else None
-        if example is not None and (p.default is p.empty or name in _MAIN):
+        wanted = name in _MAKERS and (p.default is p.empty or name in _MAIN)
+        example = _MAKERS[name](config, model) if wanted else None
+        if example is not None:
             inputs[name] = example
         elif p.default is p.empty:
             raise ValueError(f"trace(tracer='huggingface') of '{where}' "
@@ -162,7 +163,8 @@ def _skipped_mask(arguments: dict[str, Any], *, boolean: bool, dtype: torch.dtyp
     if not causal:
         return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device) if boolean else \
             torch.zeros((1, 1, 1, 1), dtype=dtype, device=device)
-    cached = any(arguments.get(key) is not None for key in ("past_key_values", "past_key_value"))
+    cached = any(arguments.get(key) is not None
+                 for key in ("cache", "past_key_values", "past_key_value"))
     if hidden is None or hidden.dim() < 2 or cached:
         return None  # the lengths of the queries and keys are not known
     length = hidden.shape[-2]
