@@ -19,9 +19,9 @@ Upstream keys and what they do here:
   boundary after the encoder as well. The root is traced as upstream's
   ``generate_pipeline_schedule`` traced it (``trace_for_pipeline`` down to the layer lists,
   whose layers stay calls; upstream's inputs stay arguments, in the forward's order:
-  ``input_ids``, ``attention_mask`` and ``token_type_ids`` (BERT, RoBERTa) or ``position_ids``
-  (GPT-2, GPT-Neo, LLaMA; not OPT, whose transformers 4 model upstream traced had none), with
-  ``decoder_input_ids`` and ``decoder_attention_mask`` (T5),
+  ``input_ids`` and ``attention_mask``, with ``token_type_ids`` (BERT) or ``position_ids``
+  (GPT-2, GPT-Neo, LLaMA), as upstream's examples feed them (RoBERTa and OPT: those two), or
+  with ``decoder_input_ids`` and ``decoder_attention_mask`` (T5),
   ``pixel_values`` (WideResNet; upstream's torchvision model called it ``x``); every other
   argument is fixed at its default, ``use_cache`` off) and a pipeline stage is cut after each
   listed layer; ``slapo.build(sch, target="deepspeed", topology=...)`` (or
@@ -80,7 +80,9 @@ LAYER_LISTS = {"bert": "encoder.layer", "roberta": "encoder.layer", "gpt2": "h",
 # input names for each); every family is cut (tested: a tiny model of each trains like the
 # plain one on DeepSpeed's pipeline engine).
 PIPELINE_INPUTS = {"bert": ("input_ids", "attention_mask", "token_type_ids"),
-                   "roberta": ("input_ids", "attention_mask", "token_type_ids"),
+                   # as upstream's RoBERTa example feeds it (RoBERTa has one token type;
+                   # its model schedule named token_type_ids too, which the example lacks)
+                   "roberta": ("input_ids", "attention_mask"),
                    "gpt2": ("input_ids", "attention_mask", "position_ids"),
                    "gpt_neo": ("input_ids", "attention_mask", "position_ids"),
                    # upstream named position_ids too, which transformers 4's OPT did not
