@@ -65,11 +65,12 @@ from ..schedule import create_schedule
 from ..tracing.hf_inputs import named_example_inputs
 from . import model_type, schedule_model
 from .registry import SCHEDULE_METHODS, SCHEDULES, get_schedule, get_schedule_method, short_name
+from .wideresnet import bottleneck_blocks
 
 _OPTION_KEYS = ("tensor_parallel", "shard_embedding", "kernel_opt", "ckpt_ratio", "device",
                 "compile_layers")
 _ACCEPTED = ("fp16", "bf16", "group", "prefix", "checkpoint_method", "attn_op_name",
-             "delay_init", "bcast_input", "pipeline_cuts", "schedule_key")
+             "delay_init", "bcast_input", "pipeline_cuts", "schedule_key", "fuse_conv")
 _OFF_ONLY = ("sequence_parallel", "disable_fuse_bias_gelu")
 
 # Each family's list of layers, within its base model (upstream's paths below ``prefix``):
@@ -91,7 +92,9 @@ PIPELINE_INPUTS = {"bert": ("input_ids", "attention_mask", "token_type_ids"),
                    "llama": ("input_ids", "attention_mask", "position_ids"),
                    "t5": ("input_ids", "attention_mask", "decoder_input_ids",
                           "decoder_attention_mask"),
-                   "wideresnet": ("pixel_values",)}  # upstream's torchvision model: "x"
+                   # the first argument of the root's forward: the zoo's pixel_values,
+                   # x of torchvision's model and of upstream's wrapper with its loss
+                   "wideresnet": ("pixel_values",)}
 # Families whose layers are in several lists, and their pipeline_cuts one list of layer
 # indices for each (upstream's form): WideResNet [[cuts in layer1], .., [.. layer4]]; T5
 # [[cuts in encoder.block], [.. decoder.block]], with a cut after the encoder as well.
@@ -150,19 +153,31 @@ def apply_schedule(model, model_config=None, /, **sch_config):
         raise NotImplementedError(f"apply_schedule: checkpoint_method 'uniform' (every "
                                   f"1/ckpt_ratio-th layer) not supported for {family}; its "
                                   "schedule checkpoints the first layers ('head')")
-    cuts = sch_config.get("pipeline_cuts")
-    if cuts:  # checked before anything changes
-        _cut_paths(model, family, cuts)
-    _cast(model, sch_config)
+    if sch_config.get("fuse_conv") and family != "wideresnet":
+        raise NotImplementedError(f"apply_schedule: fuse_conv is WideResNet's; leave it off "
+                                  f"for {family}")
     prefix = sch_config.get("prefix", "")
     if prefix and prefix not in dict(model.named_modules()):
         raise ValueError(f"apply_schedule: prefix {prefix!r} names no module of "
                          f"{type(model).__name__}")
+    # WideResNet is scheduled at prefix, as upstream's was (torchvision's model under a
+    # wrapper that adds the loss); the other families find their base model themselves
+    base_path = prefix if family == "wideresnet" else ""
+    cuts = sch_config.get("pipeline_cuts")
+    if cuts:  # checked before anything changes
+        _cut_paths(model, family, cuts, base_path)
+    _cast(model, sch_config)
     sch = create_schedule(model, group=sch_config.get("group"))
+    base = sch[base_path] if base_path else sch
     options = {key: sch_config[key] for key in _OPTION_KEYS if key in sch_config}
     if uniform:
         options["ckpt_ratio"] = 0.0  # checkpointed below, every 1/ratio-th layer
-    schedule_model(sch, family, **options)
+    if sch_config.get("fuse_conv"):
+        # upstream's conv-block fusion (each block a TorchScript trace): here each block one
+        # Inductor region, compiled before the schedule shards and checkpoints it
+        for block in bottleneck_blocks(base):
+            block.compile(dynamic=False)
+    schedule_model(base, family, **options)
     if uniform:
         layers = _layers(sch, family)
         for layer in layers[::max(1, int(1 / ratio))]:
@@ -170,7 +185,7 @@ def apply_schedule(model, model_config=None, /, **sch_config):
     if sch.world_size > 1 and sch_config.get("bcast_input", False):
         sch.sync("fwd_pre", _broadcast_inputs(sch.group))
     if cuts:
-        _cut_pipeline_stages(sch, family, cuts)
+        _cut_pipeline_stages(sch, family, cuts, base_path)
     return sch
 
 
@@ -197,11 +212,13 @@ def _broadcast_inputs(group):
     return lambda module, inputs: tuple(broadcast_from_first(list(inputs), group))
 
 
-def _cut_paths(model, family: str, cuts) -> tuple[list[str], list[str]]:
+def _cut_paths(model, family: str, cuts, base_path: str = "") -> tuple[list[str], list[str]]:
     """The paths of the layers to cut after, and of the layer lists to trace until, for
-    ``pipeline_cuts``; a ValueError where the cuts are not layers of the model."""
+    ``pipeline_cuts`` (WideResNet's below ``base_path``); a ValueError where the cuts are not
+    layers of the model."""
     if family in LAYER_GROUPS:
-        groups = LAYER_GROUPS[family]
+        groups = tuple(f"{base_path}.{name}" if base_path else name
+                       for name in LAYER_GROUPS[family])
         counts = [len(model.get_submodule(name)) for name in groups]
         if not isinstance(cuts, (list, tuple)) or len(cuts) != len(counts) or \
                 not all(isinstance(c, (list, tuple)) for c in cuts):
@@ -235,14 +252,15 @@ def _check_indices(cuts, last: int, where: str) -> None:
                          f"increasing layer indices from 0 to {last} (a stage is cut after each)")
 
 
-def _cut_pipeline_stages(sch, family: str, cuts) -> None:
+def _cut_pipeline_stages(sch, family: str, cuts, base_path: str = "") -> None:
     """Upstream's ``generate_pipeline_schedule``: trace the root down to the layer lists (their
     layers stay calls), its inputs the family's ``PIPELINE_INPUTS``, and cut a stage after each
     layer of ``cuts`` (checked before anything was scheduled)."""
-    cut_after, trace_until = _cut_paths(sch.mod, family, cuts)
-    fixed = {p.name: p.default for p in inspect.signature(sch.mod.forward).parameters.values()
-             if p.name not in PIPELINE_INPUTS[family]
-             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    cut_after, trace_until = _cut_paths(sch.mod, family, cuts, base_path)
+    parameters = inspect.signature(sch.mod.forward).parameters
+    inputs = PIPELINE_INPUTS[family] if family != "wideresnet" else (next(iter(parameters)),)
+    fixed = {p.name: p.default for p in parameters.values()
+             if p.name not in inputs and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
     if "use_cache" in fixed:
         fixed["use_cache"] = False  # a pipeline keeps no cache (upstream's scripts set it off)
     config = getattr(sch.mod, "config", None)

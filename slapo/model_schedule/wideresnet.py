@@ -1,4 +1,5 @@
-"""Schedule for WideResNet (slapo_ae.zoo.wideresnet): bottleneck blocks ``layerK.N``.
+"""Schedule for WideResNet (slapo_ae.zoo.wideresnet, or torchvision's, whose module names it
+shares): bottleneck blocks ``layerK.N``.
 
 Tensor parallelism splits the two convolutions that hold most of a block's work (for width
 per group 128 the 3x3 ``conv2`` is 36/52 and ``conv1`` 8/52 of its FLOPs): ``conv1`` by output
@@ -14,9 +15,14 @@ from . import checkpoint_layers
 from .common import shard_batchnorm
 
 
+def bottleneck_blocks(sch) -> list:
+    """The schedules of the blocks ``layer1.0`` .. ``layer4.N`` of the WideResNet at ``sch``
+    (the zoo's, or torchvision's, which has no config), read from its modules."""
+    return [sch[f"layer{k}.{j}"] for k in range(1, 5) for j in range(len(sch[f"layer{k}"].mod))]
+
+
 def schedule(sch, opts) -> None:
-    stages = sch.mod.config.layers
-    blocks = [sch[f"layer{k + 1}.{j}"] for k, n in enumerate(stages) for j in range(n)]
+    blocks = bottleneck_blocks(sch)
     if opts.tensor_parallel and sch.world_size > 1:
         for block in blocks:
             block["conv1"].shard("weight", axis=0)

@@ -28,9 +28,10 @@ topology=..., config=..., loss_fn=...)`` for a schedule with cuts; ``engine.trai
   (``[input_ids, attention_mask]``) and GPT-2 (with ``position_ids``), their LM heads tied
   likewise; and of
   WideResNet (a list of block cuts for each of its four layers), its convolutions and batch
-  norms sharded; and of T5 (a list of cuts for the encoder's blocks and one for the
-  decoder's, and a stage boundary after the encoder): the encoder's output and the shared
-  embedding reach the decoder's stage;
+  norms sharded (also as upstream's example calls it: under a wrapper adding the loss, at
+  ``prefix``, its input ``x``); and of T5 (a list of cuts for the encoder's blocks and one
+  for the decoder's, and a stage boundary after the encoder): the encoder's output and the
+  shared embedding reach the decoder's stage;
 - data 2 x pipeline 2 under torch's autocast in bf16: around ``train_batch`` (DeepSpeed turns it
   off in its forward) and in DeepSpeed's ``torch_autocast`` section (it computes in bf16);
 - misuse (no topology, no config, stages the topology does not have): an error saying what
@@ -293,16 +294,36 @@ def _train_on_engine(sch, topo, loss_fn, batch):
     return {"losses": losses}
 
 
-def _upstream_wideresnet_pipeline():
+class WithLoss(torch.nn.Module):
+    """Upstream's WideResNet example's wrapper (``ResNetWithLoss``): the model at ``model``,
+    called with ``x``, the loss added when labels are given."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, labels=None):
+        logits = self.model(x).logits
+        return logits if labels is None else image_loss(logits, labels)
+
+
+def _upstream_wideresnet_pipeline(wrapped=False):
     """Upstream's WideResNet pipeline (a list of block cuts for each of layer1 .. layer4)
     through ``apply_schedule`` with tensor parallelism (its convolutions and batch norms
-    sharded), pipeline 2 x tensor 2, from the plain model's weights."""
+    sharded), pipeline 2 x tensor 2, from the plain model's weights; ``wrapped``: as its
+    example calls it, the model under ``WithLoss`` at ``prefix="model"``, given by name with
+    upstream's config dict."""
     from slapo.model_schedule import apply_schedule
 
     topo = slapo.Topology(dp=1, pp=2, tp=2)
     model = _model("wideresnet-tiny")
-    sch = apply_schedule(model, model.config, group=topo.tensor_group,
-                         pipeline_cuts=[[], [0], [], []])
+    if wrapped:
+        sch = apply_schedule(WithLoss(model), "wideresnet", group=topo.tensor_group,
+                             model_config={"block_size": (128, [1, 1, 1, 1])},
+                             prefix="model", pipeline_cuts=[[], [0], [], []], fuse_conv=False)
+    else:
+        sch = apply_schedule(model, model.config, group=topo.tensor_group,
+                             pipeline_cuts=[[], [0], [], []])
 
     def batch(step):
         images, labels = _images(step)
@@ -448,7 +469,9 @@ def _all():
             "roberta": _upstream_encoder_pipeline("roberta-tiny"),
             "opt": _upstream_decoder_pipeline("opt-tiny"),
             "gpt2": _upstream_decoder_pipeline("gpt2-tiny"),
-            "wideresnet": _upstream_wideresnet_pipeline(), "t5": _upstream_t5_pipeline(pp=2),
+            "wideresnet": _upstream_wideresnet_pipeline(),
+            "wideresnet_wrapped": _upstream_wideresnet_pipeline(wrapped=True),
+            "t5": _upstream_t5_pipeline(pp=2),
             "t5_pp4": _upstream_t5_pipeline(pp=4),
             "meta": _from_meta(), "misuse": _misuse(), "upstream_3d": _upstream_3d(),
             "upstream_3d_meta": _upstream_3d(meta=True),
@@ -540,7 +563,8 @@ def test_upstreams_decoder_pipelines_train_like_the_plain_model(ranks, run, name
             assert abs(mine - expected) <= TOL * abs(expected), (run, rank, step, mine, expected)
 
 
-def test_upstreams_wideresnet_pipeline_trains_like_the_plain_model(ranks):
+@pytest.mark.parametrize("run", ["wideresnet", "wideresnet_wrapped"])
+def test_upstreams_wideresnet_pipeline_trains_like_the_plain_model(ranks, run):
     # the plain model in train mode, as the stages: batch norm's statistics of each
     # micro-batch, so the plain model steps on the same micro-batches, its gradients summed
     model = _model("wideresnet-tiny")
@@ -558,7 +582,7 @@ def test_upstreams_wideresnet_pipeline_trains_like_the_plain_model(ranks):
         opt.zero_grad()
         plain.append(total)
     for rank, result in enumerate(ranks):
-        for step, (mine, expected) in enumerate(zip(result["wideresnet"]["losses"], plain,
+        for step, (mine, expected) in enumerate(zip(result[run]["losses"], plain,
                                                     strict=True)):
             assert abs(mine - expected) <= TOL * abs(expected), (rank, step, mine, expected)
 

@@ -234,3 +234,42 @@ def test_the_harness_pipelines_families_apply_schedule_cuts():
     from slapo_ae.harness.systems.support import PIPELINE_LAYERS
 
     assert set(PIPELINE_LAYERS) <= set(PIPELINE_INPUTS) == set(FAMILIES)
+
+
+def test_upstreams_wideresnet_example_form_fuses_its_blocks_under_a_wrapper():
+    """Upstream's WideResNet example: torchvision's model (module names as the zoo's) under a
+    wrapper that adds the loss, scheduled by name at ``prefix="model"`` with its config dict
+    and ``fuse_conv`` (upstream: each block a TorchScript trace; here each block one Inductor
+    region, compiled before it is checkpointed). The plain model's loss and gradients (1e-4 of
+    the largest: Inductor reorders the float sums)."""
+    from torch import nn
+
+    from slapo import state
+    from slapo_ae.zoo import build_model, synthetic_batch
+
+    class WithLoss(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, labels=None):
+            return nn.functional.cross_entropy(self.model(x).logits, labels)
+
+    torch.manual_seed(0)
+    plain = WithLoss(build_model("wideresnet-tiny"))
+    sch = apply_schedule(copy.deepcopy(plain), "wideresnet", prefix="model", fuse_conv=True,
+                         model_config={"block_size": (128, [1, 1, 1, 1])}, ckpt_ratio=0.5)
+    model, _ = slapo.build(sch, init_weights=False)
+    blocks = [f"model.layer{k}.0" for k in range(1, 5)]
+    assert [name for name, mod in model.named_modules() if state.is_compiled(mod)] == blocks
+    assert [name for name, mod in model.named_modules()
+            if getattr(mod, "_slapo_checkpointed", False)] == blocks[:2]
+    batch = synthetic_batch("wideresnet-tiny", 4, 0, seed=1)
+    for mod in (plain, model):
+        mod(batch["pixel_values"], batch["labels"]).backward()
+    for (name, expected), got in zip(plain.named_parameters(), model.parameters(), strict=True):
+        scale = float(expected.grad.abs().max())
+        torch.testing.assert_close(got.grad, expected.grad, rtol=0, atol=1e-4 * scale, msg=name)
+    with pytest.raises(NotImplementedError, match="fuse_conv is WideResNet's; leave it off for "
+                                                  "gpt2"):
+        apply_schedule(*_gpt2(), fuse_conv=True)
