@@ -64,8 +64,8 @@ import inspect
 from ..schedule import create_schedule
 from ..tracing.hf_inputs import named_example_inputs
 from . import model_type, schedule_model
+from .common import bottleneck_blocks
 from .registry import SCHEDULE_METHODS, SCHEDULES, get_schedule, get_schedule_method, short_name
-from .wideresnet import bottleneck_blocks
 
 _OPTION_KEYS = ("tensor_parallel", "shard_embedding", "kernel_opt", "ckpt_ratio", "device",
                 "compile_layers")

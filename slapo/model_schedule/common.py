@@ -7,7 +7,9 @@ installers, the vocabulary-parallel loss) is library code in ``slapo.op``.
 - ``all_reduce_output_grad``: one backward all-reduce on an output that column-parallel
   projections elsewhere read (T5's encoder output);
 - ``sdpa_gpt_neo``: GPT-Neo's attention core on ``slapo.op.CoreAttention`` (SDPA);
-- ``fuse_bias_gelu``: BERT's and RoBERTa's FFN bias add and GeLU fused (the static-graph path).
+- ``fuse_bias_gelu``: BERT's and RoBERTa's FFN bias add and GeLU fused (the static-graph path);
+- ``bottleneck_blocks``: WideResNet's blocks (its schedule's, and ``apply_schedule``'s
+  ``fuse_conv``).
 
 Apply kernel replacements (``slapo.op.use_sdpa``, ``use_device_dropout``, ``sdpa_gpt_neo``,
 trace/fuse) before sharding and before ``fork_rng``/``checkpoint``: ``replace`` installs a new
@@ -79,3 +81,9 @@ def fuse_bias_gelu(layers, device: str) -> None:
         ffn.trace(flatten=True)
         ffn["dense"].decompose()
         ffn.fuse(ffn.find(_bias_gelu, allow_empty=False)[0], compiler=compiler, name="bias_gelu")
+
+
+def bottleneck_blocks(sch) -> list:
+    """The schedules of the blocks ``layer1.0`` .. ``layer4.N`` of the WideResNet at ``sch``
+    (the zoo's, or torchvision's, which has no config), read from its modules."""
+    return [sch[f"layer{k}.{j}"] for k in range(1, 5) for j in range(len(sch[f"layer{k}"].mod))]

@@ -12,13 +12,7 @@ GeLU), so ``kernel_opt`` leaves the model as is.
 from __future__ import annotations
 
 from . import checkpoint_layers
-from .common import shard_batchnorm
-
-
-def bottleneck_blocks(sch) -> list:
-    """The schedules of the blocks ``layer1.0`` .. ``layer4.N`` of the WideResNet at ``sch``
-    (the zoo's, or torchvision's, which has no config), read from its modules."""
-    return [sch[f"layer{k}.{j}"] for k in range(1, 5) for j in range(len(sch[f"layer{k}"].mod))]
+from .common import bottleneck_blocks, shard_batchnorm
 
 
 def schedule(sch, opts) -> None:
