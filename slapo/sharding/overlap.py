@@ -32,6 +32,8 @@ gradients reach the fp32 parameters in fp32) and the product itself runs with au
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -158,10 +160,18 @@ def _autocast_cast(x, weight, bias):
     """The deferred product's operands in the dtype ``F.linear`` would compute in under the
     autocast active for ``x``'s device (unchanged without one)."""
     device = x.device.type
-    if not torch.is_autocast_enabled(device):
+    if not torch.amp.is_autocast_available(device) or not torch.is_autocast_enabled(device):
         return x, weight, bias
     dtype = torch.get_autocast_dtype(device)
     return tuple(None if t is None else t.to(dtype) for t in (x, weight, bias))
+
+
+def _autocast_off(device: str):
+    # a device without autocast (the meta device: a model made under init_empty_weights,
+    # traced) has none to turn off
+    if torch.amp.is_autocast_available(device):
+        return torch.autocast(device, enabled=False)
+    return contextlib.nullcontext()
 
 
 class MarkedInput:
@@ -200,7 +210,7 @@ def defer_weight_grad(mod: nn.Module) -> None:
         index, weight, bias = views
         pad = mod.padding(x) if hasattr(mod, "padding") else 0
         x, weight, bias = _autocast_cast(x, weight, bias)
-        with torch.autocast(x.device.type, enabled=False):
+        with _autocast_off(x.device.type):
             y = _DeferredLinear.apply(x, weight, bias, mark.pending, index, pad)
         return y if _adds_own_bias(mod) else mod.epilogue(y)
 
