@@ -8,7 +8,11 @@ Upstream keys and what they do here:
 - ``schedule_key``: the family's name (``"gpt_neo"``, ...), where upstream's examples named it
   instead of relying on the config's model name; it must agree with the model;
 - ``prefix``: the path of the base model (``"transformer"``, ``"bert"``, ...), checked to name
-  a module of the model; the family schedules find their layers from the root themselves;
+  a module of the model; the family schedules find their layers from the root themselves,
+  except WideResNet's, scheduled at ``prefix`` (upstream's example wraps torchvision's model
+  in a module that adds the loss);
+- ``fuse_conv`` (WideResNet's): each bottleneck block one Inductor region (upstream replaced
+  each by a TorchScript trace), compiled before it is sharded and checkpointed;
 - ``ckpt_ratio``: checkpoint that share of the layers: the first ones (``checkpoint_method``
   ``"head"``, the default here), or, as upstream's default ``"uniform"``, every
   ``int(1 / ckpt_ratio)``-th layer from the first (BERT, RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA;
@@ -21,8 +25,9 @@ Upstream keys and what they do here:
   whose layers stay calls; upstream's inputs stay arguments, in the forward's order:
   ``input_ids`` and ``attention_mask``, with ``token_type_ids`` (BERT) or ``position_ids``
   (GPT-2, GPT-Neo, LLaMA), as upstream's examples feed them (RoBERTa and OPT: those two), or
-  with ``decoder_input_ids`` and ``decoder_attention_mask`` (T5),
-  ``pixel_values`` (WideResNet; upstream's torchvision model called it ``x``); every other
+  with ``decoder_input_ids`` and ``decoder_attention_mask`` (T5), the first argument of the
+  root's forward (WideResNet: the zoo model's ``pixel_values``, ``x`` of upstream's
+  torchvision model and of its example's wrapper, at ``prefix``); every other
   argument is fixed at its default, ``use_cache`` off) and a pipeline stage is cut after each
   listed layer; ``slapo.build(sch, target="deepspeed", topology=...)`` (or
   ``target="pipeline"``) then runs the stages;
