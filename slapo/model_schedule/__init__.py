@@ -1,15 +1,15 @@
-"""Schedules of the paper's models (and of GPT-2, as upstream Slapo has one), one module per
-family, behind one entry point.
+"""Schedules of the paper's models (and of GPT-2 and ALBERT, as upstream Slapo has them), one
+module per family, behind one entry point.
 
     sch = slapo.create_schedule(model)         # e.g. a transformers BertForMaskedLM
     schedule_model(sch, kernel_opt=True, ckpt_ratio=0.5)
     model = slapo.build_module(sch)
 
 The schedule is chosen from the model itself: its config's ``model_type`` (``bert``,
-``roberta``, ``gpt2``, ``gpt_neo``, ``opt``, ``t5``, ``llama``, ``wideresnet``) names the module
-of its family here (``<model_type>.py``, each a ``schedule(sch, opts)``); shared building
-blocks live in ``common.py`` and kernels in ``slapo.op``. ``apply_schedule(model,
-model_config, **sch_config)`` (``api.py``) is upstream Slapo's entry point to the same
+``roberta``, ``albert``, ``gpt2``, ``gpt_neo``, ``opt``, ``t5``, ``llama``, ``wideresnet``)
+names the module of its family here (``<model_type>.py``, each a ``schedule(sch, opts)``);
+shared building blocks live in ``common.py`` and kernels in ``slapo.op``. ``apply_schedule(
+model, model_config, **sch_config)`` (``api.py``) is upstream Slapo's entry point to the same
 schedules: it creates the schedule, applies the family's and returns the schedule.
 
 Options (each family honours all of them):
@@ -38,14 +38,17 @@ Options (each family honours all of them):
                    found and replaced by ``slapo.op.bias_gelu``, one GeLU op that is faster
                    than the uncompiled formula on CPU;
                    GPT-2 ``mlp.c_fc``, a Conv1D: ``slapo.op.Conv1DGeLU``); OPT, T5 and LLaMA
-                   have no GeLU after a biased linear, WideResNet nothing to replace; and the
+                   have no GeLU after a biased linear, WideResNet nothing to replace, and
+                   ALBERT's is fused only in its compiled layers (upstream's ALBERT schedule
+                   left it unfused by default); and the
                    LM head of a vocabulary that is no multiple of 8 words (BERT, RoBERTa,
                    GPT-Neo, GPT-2) multiplies on rows padded to a multiple of 128 on CUDA
                    (``slapo.op.PaddedLinear``: cuBLAS's fast kernels need aligned rows). (GPT-2
                    with tensor_parallel computes its attention through SDPA in any case, see
                    ``gpt2.py``.)
   ckpt_ratio       checkpoint the first ``round(ratio * layers)`` layers (Python's round; T5
-                   counts encoder then decoder blocks, WideResNet its bottleneck blocks).
+                   counts encoder then decoder blocks, WideResNet its bottleneck blocks,
+                   ALBERT the calls of its shared layers).
   device           the device type the model trains on, ``"cpu"`` or ``"cuda"`` (default: CUDA
                    when a GPU is visible): kernel_opt chooses what is fastest there.
   compile_layers   with kernel_opt, compile each transformer layer (T5: block) as one
@@ -127,7 +130,7 @@ def checkpoint_layers(layers: list, ratio: float) -> int:
     return count
 
 
-FAMILIES = ("bert", "roberta", "gpt2", "gpt_neo", "opt", "t5", "llama", "wideresnet")
+FAMILIES = ("bert", "roberta", "albert", "gpt2", "gpt_neo", "opt", "t5", "llama", "wideresnet")
 
 
 def model_type(model) -> str | None:

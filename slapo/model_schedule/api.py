@@ -14,10 +14,13 @@ Upstream keys and what they do here:
 - ``fuse_conv`` (WideResNet's): each bottleneck block one Inductor region (upstream replaced
   each by a TorchScript trace), compiled before it is sharded and checkpointed;
 - ``ckpt_ratio``: checkpoint that share of the layers: the first ones (``checkpoint_method``
-  ``"head"``, the default here), or, as upstream's default ``"uniform"``, every
-  ``int(1 / ckpt_ratio)``-th layer from the first (BERT, RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA;
-  refused for T5 and WideResNet between 0 and 1, where the two methods differ);
-- ``pipeline_cuts``: a list of layer indices (BERT, RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA), or, in
+  ``"head"``, the default here; ALBERT: the first calls of its shared layers), or, as
+  upstream's default ``"uniform"``, every ``int(1 / ckpt_ratio)``-th layer from the first
+  (BERT, RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA; refused for T5, WideResNet and ALBERT between 0
+  and 1, where the two methods differ);
+- ``pipeline_cuts``: refused for ALBERT, whose layers share their weights (upstream's ALBERT
+  schedule cut ``encoder.layer.N``, which ALBERT lacks); a list of layer indices (BERT,
+  RoBERTa, GPT-2, GPT-Neo, OPT, LLaMA), or, in
   upstream's form for models with several layer lists, one list for each: WideResNet's
   ``layer1`` .. ``layer4``; T5's ``encoder.block`` and ``decoder.block``, with a stage
   boundary after the encoder as well. The root is traced as upstream's
@@ -100,6 +103,9 @@ PIPELINE_INPUTS = {"bert": ("input_ids", "attention_mask", "token_type_ids"),
                    # the first argument of the root's forward: the zoo's pixel_values,
                    # x of torchvision's model and of upstream's wrapper with its loss
                    "wideresnet": ("pixel_values",)}
+# Families no pipeline_cuts can cut, and why.
+NOT_CUT = {"albert": "ALBERT's layers share their weights (its encoder calls one layer once "
+                     "for each of the model's layers), so no pipeline stage can own a layer"}
 # Families whose layers are in several lists, and their pipeline_cuts one list of layer
 # indices for each (upstream's form): WideResNet [[cuts in layer1], .., [.. layer4]]; T5
 # [[cuts in encoder.block], [.. decoder.block]], with a cut after the encoder as well.
@@ -169,6 +175,9 @@ def apply_schedule(model, model_config=None, /, **sch_config):
     # wrapper that adds the loss); the other families find their base model themselves
     base_path = prefix if family == "wideresnet" else ""
     cuts = sch_config.get("pipeline_cuts")
+    if cuts and family in NOT_CUT:
+        raise NotImplementedError(f"apply_schedule: pipeline_cuts {cuts!r}: {NOT_CUT[family]}; "
+                                  "train it with tensor and data parallelism")
     if cuts:  # checked before anything changes
         _cut_paths(model, family, cuts, base_path)
     _cast(model, sch_config)

@@ -7,6 +7,10 @@ installers, the vocabulary-parallel loss) is library code in ``slapo.op``.
 - ``all_reduce_output_grad``: one backward all-reduce on an output that column-parallel
   projections elsewhere read (T5's encoder output);
 - ``sdpa_gpt_neo``: GPT-Neo's attention core on ``slapo.op.CoreAttention`` (SDPA);
+- ``add_attention_core``: an attention's core as a child of its own, so that ``fork_rng`` can
+  address its probability dropout alone (GPT-2 and ALBERT, which draw it in a function);
+- ``checkpoint_shared_layers``: the first calls of layers a model calls more than once
+  (ALBERT's shared layers);
 - ``fuse_bias_gelu``: BERT's and RoBERTa's FFN bias add and GeLU fused (the static-graph path);
 - ``bottleneck_blocks``: WideResNet's blocks (its schedule's, and ``apply_schedule``'s
   ``fuse_conv``).
@@ -18,11 +22,14 @@ module, and what was attached to the old one (hooks, wrapped forwards) would not
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch.nn.functional as F
 
+from ..hooks import outside_graphs
 from ..op import CoreAttention, kernel_compiler
+from ..primitives.checkpoint import checkpoint_call
 from ..sharding import all_reduce_backward
 
 
@@ -53,6 +60,41 @@ def sdpa_gpt_neo(attn) -> None:
     mod.core = CoreAttention(causal=True, window=window, scale=1.0, dropout=mod.attn_dropout.p)
     mod._attn = types.MethodType(_gpt_neo_attn, mod)
     attn._rebuild_children()
+
+
+def add_attention_core(attn, dropout: float) -> None:
+    """Give the attention ``attn`` (transformers' attention-interface module: ``is_causal``,
+    ``scaling``) a child ``core``, a ``CoreAttention`` with its causality, scale and
+    probability ``dropout``, which ``slapo.op.register_hf_core_attention``'s interface runs."""
+    mod = attn.mod
+    mod.core = CoreAttention(causal=mod.is_causal, scale=mod.scaling, dropout=dropout)
+    attn._rebuild_children()
+
+
+def checkpoint_shared_layers(caller, layers: list, calls: int, count: int) -> None:
+    """Checkpoint the first ``count`` of the ``calls`` that each forward of ``caller`` makes to
+    the modules of ``layers`` (ALBERT's encoder calls its one shared layer once per layer of
+    the model), counted across them; all of them with the ``checkpoint`` primitive."""
+    if count >= calls:
+        for layer in layers:
+            layer.checkpoint()
+        return
+    if count <= 0:
+        return
+    made = [0]  # calls so far in this forward of caller
+    caller.mod.register_forward_pre_hook(lambda *_: made.__setitem__(0, 0))
+    for layer in layers:
+        inner = layer.mod.forward
+
+        @outside_graphs(recursive=False)  # as the primitive's: a compiled forward inside
+        @functools.wraps(inner)
+        def forward(*args, _inner=inner, **kwargs):
+            made[0] += 1
+            if made[0] <= count:
+                return checkpoint_call(_inner, *args, **kwargs)
+            return _inner(*args, **kwargs)
+
+        layer.mod.forward = forward
 
 
 def all_reduce_output_grad(node) -> None:

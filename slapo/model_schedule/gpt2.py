@@ -16,7 +16,6 @@ from torch import nn
 
 from ..op import (
     Conv1DGeLU,
-    CoreAttention,
     gelu_approximation,
     register_hf_core_attention,
     use_device_dropout,
@@ -25,6 +24,7 @@ from ..op import (
     vocab_parallel_loss,
 )
 from . import checkpoint_layers
+from .common import add_attention_core
 
 
 def schedule(sch, opts) -> None:
@@ -40,7 +40,7 @@ def schedule(sch, opts) -> None:
         config._attn_implementation = register_hf_core_attention()
         for layer in layers:
             attn, mlp = layer["attn"], layer["mlp"]
-            _add_core(attn)
+            add_attention_core(attn, attn.mod.attn_dropout.p)
             attn["c_attn"].shard("weight", axis=1, parts=3)  # q, k, v of my heads; bias too
             attn.sync("bwd_post", "all_reduce")
             attn.mod.num_heads //= sch.world_size
@@ -59,13 +59,6 @@ def schedule(sch, opts) -> None:
             sch["lm_head"].sync("bwd_post", "all_reduce")
             vocab_parallel_loss(sch, "causal")
     checkpoint_layers(layers, opts.ckpt_ratio)
-
-
-def _add_core(attn) -> None:
-    """The attention core as child ``core``: the layer's causality, scale and dropout."""
-    mod = attn.mod
-    mod.core = CoreAttention(causal=mod.is_causal, scale=mod.scaling, dropout=mod.attn_dropout.p)
-    attn._rebuild_children()
 
 
 def _fuse_conv1d_gelu(conv, act) -> None:

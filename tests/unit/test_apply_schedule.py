@@ -228,12 +228,13 @@ def test_a_model_scheduled_in_eval_mode_computes_as_the_plain_model(name):
 def test_the_harness_pipelines_families_apply_schedule_cuts():
     """Slapo-3D cuts the layers that apply_schedule's pipeline_cuts would (the harness's
     parent decides without torch which families it can pipeline: those megatron-core's GPT
-    pipelines too, a subset of apply_schedule's, which cuts every family)."""
+    pipelines too, a subset of apply_schedule's, which cuts every family whose layers own
+    their weights)."""
     from slapo.model_schedule import FAMILIES
-    from slapo.model_schedule.api import PIPELINE_INPUTS
+    from slapo.model_schedule.api import NOT_CUT, PIPELINE_INPUTS
     from slapo_ae.harness.systems.support import PIPELINE_LAYERS
 
-    assert set(PIPELINE_LAYERS) <= set(PIPELINE_INPUTS) == set(FAMILIES)
+    assert set(PIPELINE_LAYERS) <= set(PIPELINE_INPUTS) == set(FAMILIES) - set(NOT_CUT)
 
 
 def test_upstreams_wideresnet_example_form_fuses_its_blocks_under_a_wrapper():
@@ -273,3 +274,70 @@ def test_upstreams_wideresnet_example_form_fuses_its_blocks_under_a_wrapper():
     with pytest.raises(NotImplementedError, match="fuse_conv is WideResNet's; leave it off for "
                                                   "gpt2"):
         apply_schedule(*_gpt2(), fuse_conv=True)
+
+
+def _albert(layers: int = 3):
+    from transformers import AlbertConfig, AlbertForMaskedLM
+
+    config = AlbertConfig(vocab_size=64, embedding_size=8, hidden_size=16,
+                          num_hidden_layers=layers, num_attention_heads=2, intermediate_size=32,
+                          max_position_embeddings=16, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0)
+    torch.manual_seed(0)
+    return AlbertForMaskedLM(config), config
+
+
+def test_upstreams_albert_example_form_schedules_the_shared_layer():
+    """Upstream's ALBERT example: ``apply_schedule(model, "albert", model_config=...,
+    prefix="albert", ...)`` with its other keys; the scheduled model computes the plain
+    model's loss and gradients, the shared layer's attention on SDPA, every call of it
+    checkpointed at ratio 1."""
+    model, config = _albert()
+    batch = {"input_ids": torch.randint(0, 64, (2, 8)), "attention_mask": torch.ones(2, 8)}
+    batch["labels"] = batch["input_ids"]
+    plain = copy.deepcopy(model)
+    sch = apply_schedule(model, "albert", model_config=config, prefix="albert",
+                         attn_op_name="cuda", ckpt_ratio=1.0, bcast_input=True, group=None,
+                         pipeline_cuts=[], delay_init=False)
+    built = slapo.build_module(sch)
+    layer = built.albert.encoder.albert_layer_groups[0].albert_layers[0]
+    assert getattr(layer, "_slapo_checkpointed", False)
+    assert built.config._attn_implementation == slapo.op.sdpa.SLAPO_ATTENTION
+    for mod in (plain, built):
+        mod(**batch).loss.backward()
+    for (name, expected), got in zip(plain.named_parameters(), built.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_bare_albert_model_is_scheduled_too():
+    """AlbertModel, no head: 2 of its 3 calls of the shared layer checkpointed, same output."""
+    from transformers import AlbertModel
+
+    from slapo.model_schedule import common
+
+    _, config = _albert()
+    model = AlbertModel(config)
+    ids = torch.randint(0, 64, (2, 8))
+    expected = model(input_ids=ids).last_hidden_state
+    apply_schedule(model, config, ckpt_ratio=0.5)
+    calls, real = [], common.checkpoint_call
+    common.checkpoint_call = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        torch.testing.assert_close(model(input_ids=ids).last_hidden_state, expected)
+        model(input_ids=ids)  # the count starts again with each forward
+    finally:
+        common.checkpoint_call = real
+    assert len(calls) == 4
+
+
+@pytest.mark.parametrize("sch_config, error, match", [
+    ({"pipeline_cuts": [0]}, NotImplementedError,
+     "pipeline_cuts \\[0\\]: ALBERT's layers share their weights"),
+    ({"ckpt_ratio": 0.5, "checkpoint_method": "uniform"}, NotImplementedError,
+     "'uniform' .* not supported for albert"),
+])
+def test_albert_refuses_what_shared_layers_cannot_do(sch_config, error, match):
+    model, config = _albert()
+    with pytest.raises(error, match=match):
+        apply_schedule(model, config, **sch_config)
+    assert not any(getattr(m, "_slapo_checkpointed", False) for m in model.modules())
