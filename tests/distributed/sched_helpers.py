@@ -7,7 +7,7 @@ import copy
 import torch
 
 import slapo
-from slapo.model_schedule import schedule_model
+from slapo.model_schedule import apply_schedule, schedule_model
 from slapo.sharding import gather_sharded
 from slapo.verify import train_side_by_side
 from slapo_ae.zoo import build_model, model_family, no_dropout, synthetic_batch
@@ -100,3 +100,30 @@ def backward_node_names(tensor) -> list[str]:
         names.append(type(node).__name__)
         todo.extend(fn for fn, _ in node.next_functions)
     return names
+
+
+def dropout_loss_on_full_logits(model_class, config, batch: dict) -> float:
+    """The training loss of ``model_class(config)`` (dropout on) scheduled by
+    ``apply_schedule`` with full logits on each rank, from the same default stream on every
+    rank, as a launcher seeds it: replicated dropout must then give every rank one loss. (A
+    vocabulary-parallel loss would be one on all ranks by its all-reduces even where their
+    hidden states differ.)"""
+    torch.manual_seed(0)
+    model = slapo.build_module(apply_schedule(model_class(config), config,
+                                              shard_embedding=False)).train()
+    torch.manual_seed(7)
+    return model(**batch).loss.item()
+
+
+def probability_dropout_stream(model_class, config, batch: dict) -> dict:
+    """For a config with dropout on the attention probabilities only: whether the scheduled
+    model's training forward left the default generator (which replicated dropout shares
+    across ranks) where it was, the dropout drawing from the per-rank stream of ``fork_rng``,
+    and whether the dropout acted."""
+    torch.manual_seed(0)
+    model = slapo.build_module(apply_schedule(model_class(config), config)).train()
+    before = torch.get_rng_state()
+    dropped = model(**batch).loss.item()
+    untouched = torch.equal(torch.get_rng_state(), before)
+    return {"default_stream_untouched": untouched,
+            "dropout_acts": dropped != model.eval()(**batch).loss.item()}

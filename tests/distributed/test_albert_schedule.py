@@ -18,7 +18,11 @@ import copy
 import pytest
 import torch
 from distributed import run_ranks
-from sched_helpers import assert_equal_training
+from sched_helpers import (
+    assert_equal_training,
+    dropout_loss_on_full_logits,
+    probability_dropout_stream,
+)
 
 import slapo
 from slapo.model_schedule import apply_schedule
@@ -92,30 +96,16 @@ def _albert(groups: int = 1, inner: int = 1, **sch_config):
 def _dropout_loss():
     from transformers import AlbertForMaskedLM
 
-    config = albert_config(dropout=0.2)
-    torch.manual_seed(0)
-    # full logits on each rank: the vocabulary-parallel loss would be one on both ranks by
-    # its all-reduces even where their hidden states differ
-    model = slapo.build_module(apply_schedule(AlbertForMaskedLM(config), config,
-                                              shard_embedding=False)).train()
-    torch.manual_seed(7)  # the same default stream on both ranks, as a launcher sets it
-    return model(**_batch(0)).loss.item()
+    return dropout_loss_on_full_logits(AlbertForMaskedLM, albert_config(dropout=0.2), _batch(0))
 
 
 def _probability_dropout_stream():
-    """Dropout on the attention probabilities only draws from the per-rank stream."""
+    """Dropout on the attention probabilities only (fork_rng on each attention's core)."""
     from transformers import AlbertForMaskedLM
 
     config = albert_config()
     config.attention_probs_dropout_prob = 0.3
-    torch.manual_seed(0)
-    model = slapo.build_module(apply_schedule(AlbertForMaskedLM(config), config)).train()
-    batch = _batch(0)
-    before = torch.get_rng_state()
-    dropped = model(**batch).loss.item()
-    untouched = torch.equal(torch.get_rng_state(), before)
-    return {"default_stream_untouched": untouched,
-            "dropout_acts": dropped != model.eval()(**batch).loss.item()}
+    return probability_dropout_stream(AlbertForMaskedLM, config, _batch(0))
 
 
 def _pretraining_refused() -> str:
