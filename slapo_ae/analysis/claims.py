@@ -647,6 +647,8 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict):
+        if value.keys() == {"system", "samples_per_s"}:  # C2's best of each side
+            return f"{value['system']} {_fmt(value['samples_per_s'])}"
         return ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items())
     return str(value)
 
@@ -657,9 +659,10 @@ CLAIM_COLUMNS = {
            ("why", "why", False), ("samples/s", "samples_per_s", False),
            ("hardware", "hardware", False)],
     "C2": [("model", "model", False), ("GPUs", "gpus", True), ("nodes", "nodes", True),
-           ("verdict", "verdict", False),
-           ("speedup", "speedup", True), ("best Slapo", "best_slapo", False),
-           ("best baseline", "best_baseline", False), ("hardware", "hardware", False)],
+           ("verdict", "verdict", False), ("why", "why", False),
+           ("best Slapo (samples/s)", "best_slapo", False),
+           ("best baseline (samples/s)", "best_baseline", False),
+           ("hardware", "hardware", False)],
     "C3": [("model", "model", False), ("verdict", "verdict", False),
            ("LoC (artifact rule)", "loc_artifact", True), ("paper", "paper_loc", True),
            ("statements", "loc_statements", True), ("why", "why", False)],

@@ -387,6 +387,14 @@ def test_claims_report_names_the_gpu_every_commit_and_when_the_paper_was_reached
     assert "one node PASS, largest 3x: the paper's 2.92x reached" in result["summary"]["verdicts"]
     assert "## C2: PASS (bar: speedup >= 1.0x)" in text
     assert "The paper used 8 x V100 32 GB with fp16" in result["summary"]["shows"]
+    # C2's table: why each verdict (the speedup with its spread, against the bar), and the
+    # best system of each side with its samples/s
+    header = next(line for line in text.splitlines() if line.startswith("| model | GPUs | nodes"))
+    assert header == ("| model | GPUs | nodes | verdict | why | best Slapo (samples/s) | "
+                      "best baseline (samples/s) | hardware |")
+    row = next(line for line in text.splitlines() if line.startswith("| bert-xlarge | 2 | 1 |"))
+    assert row.startswith("| bert-xlarge | 2 | 1 | PASS | 3.00x [")
+    assert "] >= 1.0x | Slapo-TP 30 | Megatron-LM 10 |" in row
 
 
 def test_claims_report_without_env_or_times_says_what_it_lacks(tmp_path):
