@@ -50,6 +50,11 @@ def zero3_leaf_refusal(model: nn.Module, name: str) -> str | None:
         # measured with DeepSpeed 0.19.8, compiled or not: a size-0 parameter in the backward
         return ("it holds an embedding, whose token-id inputs need no gradient, and ZeRO-3 "
                 "does not gather such a leaf's parameters again for its backward")
+    shared = max(state.calls_per_forward(mod) for mod in region.modules())
+    if shared > 1:
+        # measured with DeepSpeed 0.19.8: an assertion on the repeated parameters' gradients
+        return (f"it runs {shared} times a forward (its weights are shared), and ZeRO-3 "
+                "reduces a leaf's gradients when each call's backward ends")
     inside = {id(p) for p in region.parameters()}
     for other, mod in model.named_modules():
         if other != name and not other.startswith(f"{name}.") and \

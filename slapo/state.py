@@ -68,6 +68,10 @@ PIPELINE_PARTITION = "_slapo_pipeline_partition"  # True: the children submod_<k
 # traces a root model's own forward without the wrapper and hands the loss to the pipeline.
 LOSS_FN = "_slapo_loss_fn"  # loss_fn(output, target): the wrapper's loss from the output
 
+# Written by model_schedule.common.mark_shared_layers (a schedule of a model that calls one
+# module several times a forward: ALBERT's shared layers); read by engines.zero3_leaf_refusal.
+CALLS_PER_FORWARD = "_slapo_calls_per_forward"  # how many times a forward runs the module
+
 # --- marks of tensors ----------------------------------------------------------------------
 # Written by sharding.overlap.overlap_input on the module input it returns; read by the
 # forward of the linears it lists (defer_weight_grad).
@@ -137,6 +141,14 @@ def is_checkpointed(mod: Any) -> bool:
 
 def mark_checkpointed(mod: Any) -> None:
     setattr(mod, CHECKPOINTED, True)
+
+
+def calls_per_forward(mod: Any) -> int:
+    return int(mod.__dict__.get(CALLS_PER_FORWARD, 1))
+
+
+def set_calls_per_forward(mod: Any, calls: int) -> None:
+    setattr(mod, CALLS_PER_FORWARD, calls)
 
 
 # Read from the instance's __dict__ only: nn.Module.__getattr__ would also look for a

@@ -6,7 +6,8 @@ activation checkpointing.
 ALBERT shares its layers' weights: its encoder calls the same ``AlbertLayer`` (one per layer
 group, usually one in all) once for each of the model's layers. The schedule shards and
 compiles those modules once, and checkpoints the first ``round(ckpt_ratio * calls)`` of their
-calls in a forward (upstream's schedule checkpointed every call for any ratio above 0).
+calls in a forward (upstream's schedule checkpointed every call for any ratio above 0). Under
+DeepSpeed ZeRO-3 a compiled shared layer is no leaf module (``slapo.engines``).
 
 ALBERT's attention module adds its residual and LayerNorm itself, so the input gradient of the
 column-parallel query, key and value projections is all-reduced at each projection (three
@@ -28,13 +29,14 @@ from ..op import (
     use_sdpa,
     vocab_parallel_loss,
 )
-from .common import add_attention_core, checkpoint_shared_layers
+from .common import add_attention_core, checkpoint_shared_layers, mark_shared_layers
 
 
 def schedule(sch, opts) -> None:
     config, base = sch.mod.config, "albert." if hasattr(sch.mod, "albert") else ""
     layers = [sch[f"{base}encoder.albert_layer_groups.{group}.albert_layers.{i}"]
               for group in range(config.num_hidden_groups) for i in range(config.inner_group_num)]
+    mark_shared_layers(layers, config.num_hidden_layers // config.num_hidden_groups)
     masked_lm = hasattr(sch.mod, "predictions") and not hasattr(sch.mod, "sop_classifier")
     if opts.kernel_opt:
         use_sdpa(sch)  # attention on SDPA

@@ -9,8 +9,9 @@ installers, the vocabulary-parallel loss) is library code in ``slapo.op``.
 - ``sdpa_gpt_neo``: GPT-Neo's attention core on ``slapo.op.CoreAttention`` (SDPA);
 - ``add_attention_core``: an attention's core as a child of its own, so that ``fork_rng`` can
   address its probability dropout alone (GPT-2 and ALBERT, which draw it in a function);
-- ``checkpoint_shared_layers``: the first calls of layers a model calls more than once
-  (ALBERT's shared layers);
+- ``mark_shared_layers``, ``checkpoint_shared_layers``: layers a model calls more than once
+  a forward (ALBERT's shared layers), noted as such, and the first of their calls
+  checkpointed;
 - ``fuse_bias_gelu``: BERT's and RoBERTa's FFN bias add and GeLU fused (the static-graph path);
 - ``bottleneck_blocks``: WideResNet's blocks (its schedule's, and ``apply_schedule``'s
   ``fuse_conv``).
@@ -27,6 +28,7 @@ import types
 
 import torch.nn.functional as F
 
+from .. import state
 from ..hooks import outside_graphs
 from ..op import CoreAttention, kernel_compiler
 from ..primitives.checkpoint import checkpoint_call
@@ -69,6 +71,13 @@ def add_attention_core(attn, dropout: float) -> None:
     mod = attn.mod
     mod.core = CoreAttention(causal=mod.is_causal, scale=mod.scaling, dropout=dropout)
     attn._rebuild_children()
+
+
+def mark_shared_layers(layers: list, calls_each: int) -> None:
+    """Note that a forward runs each module of ``layers`` ``calls_each`` times (ALBERT's
+    shared layers), for the engines that must know (ZeRO-3 makes no leaf module of one)."""
+    for layer in layers:
+        state.set_calls_per_forward(layer.mod, calls_each)
 
 
 def checkpoint_shared_layers(caller, layers: list, calls: int, count: int) -> None:
