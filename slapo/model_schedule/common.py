@@ -91,6 +91,8 @@ def checkpoint_shared_layers(caller, layers: list, calls: int, count: int) -> No
     if count <= 0:
         return
     made = [0]  # calls so far in this forward of caller
+    # a new forward starts the count again; so does a recomputation of the caller's forward
+    # (caller checkpointed too), which runs no hooks: hence the count modulo calls as well
     caller.mod.register_forward_pre_hook(lambda *_: made.__setitem__(0, 0))
     for layer in layers:
         inner = layer.mod.forward
@@ -98,7 +100,7 @@ def checkpoint_shared_layers(caller, layers: list, calls: int, count: int) -> No
         @outside_graphs(recursive=False)  # as the primitive's: a compiled forward inside
         @functools.wraps(inner)
         def forward(*args, _inner=inner, **kwargs):
-            made[0] += 1
+            made[0] = made[0] % calls + 1
             if made[0] <= count:
                 return checkpoint_call(_inner, *args, **kwargs)
             return _inner(*args, **kwargs)

@@ -330,6 +330,21 @@ def test_a_bare_albert_model_is_scheduled_too():
     assert len(calls) == 4
 
 
+def test_albert_checkpointed_calls_recompute_inside_a_checkpointed_encoder():
+    """The encoder checkpointed as a whole around the first calls of its shared layer: its
+    recomputation (which runs no hooks) checkpoints the same calls as its forward did (it
+    failed with torch's CheckpointError before the count restarted modulo the calls)."""
+    model, config = _albert()
+    plain = copy.deepcopy(model)
+    sch = apply_schedule(model, config, ckpt_ratio=0.5)
+    sch["albert.encoder"].checkpoint()
+    ids = torch.randint(0, 64, (2, 8))
+    for mod in (plain, model):
+        mod(input_ids=ids, labels=ids).loss.backward()
+    for (name, expected), got in zip(plain.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("sch_config, error, match", [
     ({"pipeline_cuts": [0]}, NotImplementedError,
      "pipeline_cuts \\[0\\]: ALBERT's layers share their weights"),
