@@ -72,5 +72,4 @@ def schedule(sch, opts) -> None:
             sch["predictions.decoder"].shard("weight", axis=0, pad=True)  # tied: done
             sch["predictions.decoder"].sync("bwd_post", "all_reduce", overlap=[""])
             vocab_parallel_loss(sch, "masked")
-    calls = config.num_hidden_layers * config.inner_group_num  # of AlbertLayers, a forward
-    checkpoint_shared_layers(sch[f"{base}encoder"], layers, calls, round(opts.ckpt_ratio * calls))
+    checkpoint_shared_layers(sch[f"{base}encoder"], layers, opts.ckpt_ratio)

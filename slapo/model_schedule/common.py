@@ -80,10 +80,13 @@ def mark_shared_layers(layers: list, calls_each: int) -> None:
         state.set_calls_per_forward(layer.mod, calls_each)
 
 
-def checkpoint_shared_layers(caller, layers: list, calls: int, count: int) -> None:
-    """Checkpoint the first ``count`` of the ``calls`` that each forward of ``caller`` makes to
-    the modules of ``layers`` (ALBERT's encoder calls its one shared layer once per layer of
-    the model), counted across them; all of them with the ``checkpoint`` primitive."""
+def checkpoint_shared_layers(caller, layers: list, ratio: float) -> None:
+    """Checkpoint the first ``round(ratio * calls)`` of the calls that each forward of
+    ``caller`` makes to the modules of ``layers`` (ALBERT's encoder calls its one shared layer
+    once per layer of the model), counted across them, ``calls`` the sum of their
+    ``mark_shared_layers`` counts; all of them with the ``checkpoint`` primitive."""
+    calls = sum(state.calls_per_forward(layer.mod) for layer in layers)
+    count = round(ratio * calls)
     if count >= calls:
         for layer in layers:
             layer.checkpoint()
