@@ -44,7 +44,7 @@ def schedule(sch, opts) -> None:
         use_padded_vocab(sch)  # the LM head's matmuls on aligned shapes (CUDA)
         if opts.compile_layers:  # Inductor regions: bias+GeLU, residuals, LayerNorms; the loss
             for layer in layers:
-                layer.compile(dynamic=False)
+                layer.compile(dynamic=False, fuse_projections=True)
             if masked_lm:
                 compiled_loss(sch, "masked")
     if opts.tensor_parallel and sch.world_size > 1:

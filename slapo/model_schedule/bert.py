@@ -23,7 +23,7 @@ def schedule(sch, opts) -> None:
         use_padded_vocab(sch)  # the LM head's matmuls on aligned shapes (CUDA)
         if opts.compile_layers:  # Inductor regions: bias+GeLU, residual, LayerNorm; the loss
             for layer in layers:
-                layer.compile(dynamic=False)
+                layer.compile(dynamic=False, fuse_projections=True)
             sch["cls.predictions.transform"].compile(dynamic=False)
             compiled_loss(sch, "masked")
         else:

@@ -42,7 +42,7 @@ def schedule(sch, opts) -> None:
         for layer in layers:
             sdpa_gpt_neo(layer["attn.attention"])  # the attention core on SDPA
             if opts.compile_layers:  # one Inductor region: tanh-GeLU, residual, LayerNorm
-                layer.compile(dynamic=False)
+                layer.compile(dynamic=False, fuse_projections=True)
                 continue
             mlp = layer["mlp"]
             mlp.trace(flatten=True)

@@ -14,7 +14,7 @@ def schedule(sch, opts) -> None:
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
         if opts.compile_layers:  # one Inductor region a layer: RMSNorm, RoPE, SwiGLU fused
             for layer in layers:
-                layer.compile(dynamic=False)
+                layer.compile(dynamic=False, fuse_projections=True)
             compiled_loss(sch, "causal")  # the loss in one Inductor region
     if opts.tensor_parallel and sch.world_size > 1:
         for layer in layers:

@@ -18,7 +18,7 @@ def schedule(sch, opts) -> None:
         use_device_dropout(sch)  # dropout masks drawn the way that is fast on the device
         if opts.compile_layers:  # one Inductor region a block: RMSNorm, residual, FFN act
             for block in blocks:
-                block.compile(dynamic=False)
+                block.compile(dynamic=False, fuse_projections=True)
             compiled_loss(sch, "seq2seq")  # the loss in one Inductor region
     if opts.tensor_parallel and sch.world_size > 1:
         for attn in attns:  # self-attention and (decoder) cross-attention

@@ -9,6 +9,7 @@ import torch._dynamo
 
 from .. import state
 from . import register_primitive
+from ._projections import fusing_backend
 from .fuse import check_compiler
 
 # Entries per code object (see the docstring): T5's TP schedule on 2 ranks went past 8 for
@@ -19,7 +20,7 @@ RECOMPILE_LIMIT = 64
 @register_primitive("compile")
 def compile_region(sch, backend: str | Callable = "inductor", mode: str | None = None,
                    dynamic: bool | None = None, fullgraph: bool = False,
-                   options: dict | None = None) -> None:
+                   options: dict | None = None, fuse_projections: bool = False) -> None:
     """Compile this module's forward with ``torch.compile``: one region, traced at its first
     call, in which Inductor fuses the memory-bound work between the matrix products (norms
     with their residual add and dropout, rotary embeddings, gated activations,
@@ -42,7 +43,11 @@ def compile_region(sch, backend: str | Callable = "inductor", mode: str | None =
     Arguments are ``torch.compile``'s: ``backend`` (a name from
     ``torch._dynamo.list_backends()`` or a backend function), ``mode`` (e.g.
     ``"max-autotune"``), ``dynamic``, ``fullgraph`` (True: a graph break is an error) and
-    ``options``. Compiling twice is a no-op. On CPU, Inductor generates C++ and each region
+    ``options``. ``fuse_projections``: the linears of the region that read the same input
+    (attention's query, key and value; a gated MLP's gate and up projections) run as one
+    matrix product over their concatenated weights, the parameters unchanged
+    (``slapo.primitives._projections``); with the backend's defaults only (no ``mode`` or
+    ``options``). Compiling twice is a no-op. On CPU, Inductor generates C++ and each region
     costs seconds to compile; the family schedules compile on CUDA only.
 
     Example::
@@ -60,6 +65,12 @@ def compile_region(sch, backend: str | Callable = "inductor", mode: str | None =
         raise ValueError(f"compile '{sch.path or '<root>'}' before checkpointing it: "
                          "torch.compile cannot trace checkpoint's replay of random state, "
                          "while checkpoint recomputes a compiled forward as it is")
+    if fuse_projections:
+        if mode is not None or options:
+            raise ValueError(f"compile '{sch.path or '<root>'}': fuse_projections compiles with "
+                             "the backend's defaults; it takes no mode or options")
+        backend = fusing_backend(torch._dynamo.lookup_backend(backend)
+                                 if isinstance(backend, str) else backend)
     mod.forward = torch.compile(mod.forward, backend=backend, mode=mode, dynamic=dynamic,
                                 fullgraph=fullgraph, options=options)
     state.mark_compiled(mod)

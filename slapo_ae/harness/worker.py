@@ -195,6 +195,14 @@ def measured_attention_kernels() -> list[dict]:
     return sdpa_backend.measurements() if sdpa_backend is not None else []
 
 
+def fused_projection_note() -> str | None:
+    """What ``compile(fuse_projections=True)`` fused in this process's compiled regions, as a
+    note (None when nothing was)."""
+    projections = sys.modules.get("slapo.primitives._projections")
+    groups = projections.fused_groups() if projections is not None else []
+    return projections.describe(groups) if groups else None
+
+
 def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list[dict]):
     """The ``ok`` record from the averaged losses and every rank's numbers."""
     from slapo_ae.harness import deferred_compile, flops, metrics
@@ -213,6 +221,9 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
     if attention_kernels:
         from slapo.op.sdpa_backend import describe
         notes.extend(describe(attention_kernels))
+    fused = fused_projection_note()
+    if fused:
+        notes.append(fused)
     if budget.oversubscribed:
         notes.append(f"oversubscribed: {budget.ranks} ranks on {budget.cores} cores (one "
                      "thread each); the steps measure the cores' time-sharing too")

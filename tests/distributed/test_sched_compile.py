@@ -29,6 +29,16 @@ TOL = 1e-4
 # the tiny configs' compiled modules: each layer (T5: 2 encoder and 2 decoder blocks), and
 # BERT's MLM head transform; the loss is compiled too (compiled_loss), a function, not a module
 REGIONS = {"bert": 3, "roberta": 2, "gpt_neo": 2, "opt": 2, "t5": 4, "llama": 2}
+# the projections fused in the regions of one process (compile(fuse_projections=True)),
+# as "module:linear+linear"
+FUSED = {
+    "bert": {"attention.self:query+key+value"},
+    "roberta": {"attention.self:query+key+value"},
+    "gpt_neo": {"attn.attention:q_proj+k_proj+v_proj"},
+    "opt": {"self_attn:q_proj+k_proj+v_proj"},
+    "t5": {"layer.0.SelfAttention:q+k+v", "layer.1.EncDecAttention:k+v"},
+    "llama": {"self_attn:q_proj+k_proj+v_proj", "mlp:gate_proj+up_proj"},
+}
 VARIANTS = {
     "tp2": dict(tensor_parallel=True, shard_embedding=True, kernel_opt=True, ckpt_ratio=0.5,
                 compile_layers=True),
@@ -41,6 +51,8 @@ def _compiled_variant(variant: str) -> dict:
     import torch._dynamo
     import torch._dynamo.utils
 
+    from slapo.primitives._projections import fused_groups
+
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     torch.manual_seed(0)
     results = {}
@@ -50,11 +62,14 @@ def _compiled_variant(variant: str) -> dict:
         # (their checkpointing wrapper), whose compiled entries would add up across models
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
+        before = len(fused_groups())
         reports, _, scheduled = side_by_side(name, **VARIANTS[variant])
+        fused = {group[-1].rpartition(".")[0] + ":" + "+".join(
+            path.rpartition(".")[2] for path in group) for group in fused_groups()[before:]}
         compiled = sum(state.is_compiled(m) for m in scheduled.modules())
         counters = torch._dynamo.utils.counters
         breaks = sum(counters["graph_break"].values())
-        results[family] = (reports, compiled, counters["stats"]["unique_graphs"], breaks)
+        results[family] = (reports, compiled, counters["stats"]["unique_graphs"], breaks, fused)
     return results
 
 
@@ -74,7 +89,7 @@ def tp1_results():
 @pytest.mark.parametrize("family", list(REGIONS))
 def test_compiled_layers_train_as_the_plain_model_on_two_ranks(tp2_results, family):
     for rank, results in enumerate(tp2_results):
-        reports, compiled, graphs, _ = results[family]
+        reports, compiled, graphs, _, _ = results[family]
         assert_equal_training(reports, f"{family} tp2 rank {rank}", tol=TOL)
         assert compiled == REGIONS[family], (family, compiled)
         assert graphs > 0, f"{family}: nothing was compiled"
@@ -83,13 +98,16 @@ def test_compiled_layers_train_as_the_plain_model_on_two_ranks(tp2_results, fami
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(REGIONS))
 def test_compiled_layers_train_as_the_plain_model_on_one_process(tp1_results, family):
-    reports, compiled, graphs, breaks = tp1_results[family]
+    reports, compiled, graphs, breaks, fused = tp1_results[family]
     assert_equal_training(reports, f"{family} tp1", tol=TOL)
     assert compiled == REGIONS[family], (family, compiled)
     assert graphs > 0, f"{family}: nothing was compiled"
     # kernels only: each region is whole, one graph, which Inductor fuses end to end (with
     # tensor parallelism Slapo's collectives split a layer on purpose)
     assert breaks == 0, f"{family}: {breaks} graph break(s) in its compiled regions"
+    # compile(fuse_projections=True): each layer's projections that read one input are one
+    # matmul (and the model still trains as the plain one, above)
+    assert fused == FUSED[family], (family, fused)
 
 
 def _graphs_for(layers: int) -> int:
