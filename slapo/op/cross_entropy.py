@@ -153,9 +153,26 @@ def vocab_parallel_output_loss(output, target: torch.Tensor, kind: str = "causal
 
 
 def _cross_entropy_fp32(logits: torch.Tensor, target: torch.Tensor,
-                        ignore_index: int) -> torch.Tensor:
+                        ignore_index: int, columns: int | None = None) -> torch.Tensor:
+    if columns is not None:  # the real words of a padded vocabulary
+        logits = logits[..., :columns]
     return F.cross_entropy(logits.flatten(0, -2).float(), target.flatten(),
                            ignore_index=ignore_index)
+
+
+def _leading_columns(logits: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+    """``(wider, columns)`` where ``logits`` is ``wider[..., :columns]`` (``PaddedLinear``'s
+    logits: the real words of the padded product), else ``(logits, None)``. The compiled loss
+    then slices inside its region, and its backward writes the wider gradient in the same
+    pass; the slice's own backward, outside, would fill a vocabulary-sized gradient with zeros
+    and copy the real columns into it (bert-large at batch 32: 1 GB each way a step)."""
+    wider = logits._base
+    if (wider is not None and wider.dim() == logits.dim()
+            and wider.shape[:-1] == logits.shape[:-1] and wider.shape[-1] > logits.shape[-1]
+            and wider.stride() == logits.stride()
+            and wider.storage_offset() == logits.storage_offset()):
+        return wider, logits.shape[-1]
+    return logits, None
 
 
 @functools.cache
@@ -170,11 +187,13 @@ def compiled_cross_entropy(logits: torch.Tensor, target: torch.Tensor,
     compute it, but compiled by ``torch.compile`` (Inductor): the up-cast, log-softmax and
     NLL are one pass over the logits, their backward another, where the eager loss writes out
     the logits in float32 and their log-softmax, forward and backward (about five times the
-    logits' bytes more, for a vocabulary-sized tensor per token)."""
+    logits' bytes more, for a vocabulary-sized tensor per token). Logits that are the first
+    columns of a wider tensor (``PaddedLinear``'s) are read from it (``_leading_columns``)."""
     if logits.shape[:-1] != target.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and target {tuple(target.shape)} "
                          "disagree outside the vocabulary axis")
-    return _compiled_cross_entropy()(logits, target, ignore_index)
+    source, columns = _leading_columns(logits)
+    return _compiled_cross_entropy()(source, target, ignore_index, columns)
 
 
 def compiled_output_loss(output, target: torch.Tensor, kind: str = "causal") -> torch.Tensor:

@@ -16,7 +16,9 @@ Here the parameters keep their shape (state dicts, tied weights and shards are u
 each call pads the weight (and bias) with zero rows to a multiple of ``VOCAB_MULTIPLE``,
 multiplies on the padded shape and returns the view of the real columns. The zero rows add
 nothing to the result or to any gradient; what it costs is a copy of the weight and one of
-the logits' gradient (its padded layout), a small fraction of the products' time. It pads
+the logits' gradient (its padded layout), a small fraction of the products' time. Where
+the loss is ``compiled_cross_entropy``, the second copy is left out: that loss reads the padded
+product and writes the padded gradient in its own backward. It pads
 for tensors on CUDA only (``PADDED_ON``): on CPU the BLAS has no such cliff and the copies
 would be pure cost.
 """

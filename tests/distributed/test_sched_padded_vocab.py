@@ -177,3 +177,31 @@ def test_schedule_of_an_odd_vocabulary_equals_plain(odd_vocab_results, family):
         assert_equal_training(facts["reports"], f"{family} tp{world} rank {rank}")
     print(f"{family} tp{world}: worst gradient error per step "
           f"{worst(odd_vocab_results[0][family]['reports'])}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert-tiny", "gpt-neo-tiny"])
+def test_compiled_loss_of_a_padded_projection_trains_as_plain(name):
+    """The CUDA path on one process, compiled by Inductor on CPU: compiled layers, the
+    compiled loss, and the projection made to pad here. The loss reads the padded product
+    (``compiled_cross_entropy``: the logits' slice has no backward of its own); loss, logits
+    and every gradient as the plain model's over 3 SGD steps (1e-4, as the other compiled
+    schedules: Inductor reassociates fp32 sums)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    plain = _odd_vocab_model(name)
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    schedule_model(sch, device="cpu", tensor_parallel=False, kernel_opt=True,
+                   compile_layers=True)
+    scheduled = slapo.build_module(sch)
+    head = scheduled.get_output_embeddings()
+    head.pad_on = ("cpu",)
+    widths = []
+    head.register_forward_hook(lambda mod, args, out: widths.append(out._base.shape[-1]))
+    reports = train_side_by_side(plain, scheduled, padded_batches(plain.config),
+                                 loss_and_logits, lr=LR)
+    assert set(widths) == {1024}, widths  # the 1001 words padded in every forward
+    assert_equal_training(reports, f"{name} compiled, padded", tol=1e-4)
+    torch._dynamo.reset()

@@ -349,6 +349,37 @@ def test_compiled_cross_entropy_is_hfs_loss_forward_and_backward(dtype):
         compiled_cross_entropy(logits, target[:, :6])
 
 
+
+@pytest.mark.slow
+def test_compiled_cross_entropy_reads_padded_logits_from_the_padded_product():
+    """``PaddedLinear``'s logits are the real columns of a padded product: the compiled loss
+    takes the padded tensor and slices inside its region, so that its backward writes the
+    padded gradient itself. The slice outside never runs its backward (a hook on it stays
+    silent), and the loss and the gradients are the unpadded product's (Inductor on CPU,
+    fp32: 1e-6). Logits that are no such slice (the last columns) go in as they are."""
+    import torch.nn.functional as F
+
+    from slapo.op import compiled_cross_entropy, padded_linear
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(30, 16, generator=gen, requires_grad=True)
+    target = torch.randint(0, 30, (2, 5), generator=gen)
+    logits = padded_linear(x, weight, multiple=8)  # 30 words padded to 32
+    assert logits._base.shape == (2, 5, 32)
+    sliced_backward = []
+    logits.register_hook(sliced_backward.append)
+    compiled_cross_entropy(logits, target).backward()
+    assert sliced_backward == []
+    got = (x.grad, weight.grad)
+    x.grad = weight.grad = None
+    expected = F.cross_entropy(F.linear(x, weight).flatten(0, 1), target.flatten())
+    expected.backward()
+    torch.testing.assert_close(got, (x.grad, weight.grad), rtol=1e-6, atol=1e-6)
+    last = F.linear(x, torch.cat([weight[:2], weight]))[..., 2:]  # not the leading columns
+    torch.testing.assert_close(compiled_cross_entropy(last, target), expected,
+                               rtol=1e-6, atol=1e-6)
+
 @pytest.mark.parametrize("model,device,compile_kernels,kernel", [
     ("bert-tiny", "cpu", "auto", "eager"),  # fused (a module), run eagerly on CPU
     ("gpt-neo-tiny", "cpu", "auto", "eager"),  # replaced (a call) by slapo.op.bias_gelu
