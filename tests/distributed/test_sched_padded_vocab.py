@@ -131,19 +131,25 @@ def _odd_vocab_model(name):
     return build_model(name, **overrides)
 
 
+def _padding_on_cpu(plain, **options):
+    """A copy of ``plain`` with its kernel schedule for CPU and ``options``, and its LM head,
+    made to pad here where it is a ``PaddedLinear`` (the CUDA path)."""
+    sch = slapo.create_schedule(copy.deepcopy(plain))
+    schedule_model(sch, device="cpu", kernel_opt=True, **options)
+    scheduled = slapo.build_module(sch)
+    head = scheduled.get_output_embeddings()
+    if isinstance(head, PaddedLinear):
+        head.pad_on = ("cpu",)
+    return scheduled, head
+
+
 def _odd_vocab_schedules():
     torch.manual_seed(0)
     world = torch.distributed.get_world_size()
     results = {}
     for family, name in FAMILIES.items():
         plain = _odd_vocab_model(name)
-        sch = slapo.create_schedule(copy.deepcopy(plain))
-        schedule_model(sch, device="cpu", tensor_parallel=True, shard_embedding=True,
-                       kernel_opt=True)
-        scheduled = slapo.build_module(sch)
-        head = scheduled.get_output_embeddings()
-        if isinstance(head, PaddedLinear):
-            head.pad_on = ("cpu",)  # take the CUDA path here
+        scheduled, head = _padding_on_cpu(plain, tensor_parallel=True, shard_embedding=True)
         strides = []
         head.register_forward_hook(
             lambda mod, args, out, seen=strides: seen.append(out.stride(-2)))
@@ -192,12 +198,7 @@ def test_compiled_loss_of_a_padded_projection_trains_as_plain(name):
     torch._dynamo.reset()
     torch.manual_seed(0)
     plain = _odd_vocab_model(name)
-    sch = slapo.create_schedule(copy.deepcopy(plain))
-    schedule_model(sch, device="cpu", tensor_parallel=False, kernel_opt=True,
-                   compile_layers=True)
-    scheduled = slapo.build_module(sch)
-    head = scheduled.get_output_embeddings()
-    head.pad_on = ("cpu",)
+    scheduled, head = _padding_on_cpu(plain, tensor_parallel=False, compile_layers=True)
     widths = []
     head.register_forward_hook(lambda mod, args, out: widths.append(out._base.shape[-1]))
     reports = train_side_by_side(plain, scheduled, padded_batches(plain.config),
