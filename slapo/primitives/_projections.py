@@ -40,10 +40,19 @@ def _module_path(node: torch.fx.Node) -> str:
     return path.split("].", 1)[1] if "]." in path else path
 
 
+# ``x += y`` in a Dynamo graph: a call of the operator module's in-place function
+_IN_PLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                       operator.ifloordiv, operator.imod, operator.ipow, operator.imatmul,
+                       operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                       operator.irshift}
+
+
 def _mutated(node: torch.fx.Node) -> bool:
-    """Whether a user of ``node`` writes to it in place (``add_``): a slice of a split output
-    cannot be, so such a linear stays alone."""
+    """Whether a user of ``node`` writes to it in place (``add_``, ``+=``): a slice of a split
+    output cannot be, so such a linear stays alone."""
     for user in node.users:
+        if user.target in _IN_PLACE_OPERATORS:
+            return True
         name = user.target if isinstance(user.target, str) else getattr(user.target, "__name__", "")
         if name.endswith("_") and not name.endswith("__"):
             return True

@@ -22,22 +22,24 @@ TOL = 1e-6
 
 class Block(nn.Module):
     """Three biased projections of one input (fused), two unbiased of another (fused apart),
-    one unbiased beside the biased ones (alone: a group has a bias or none), and one whose
-    output a later op writes in place (alone: a split's slice cannot be written)."""
+    one unbiased beside the biased ones (alone: a group has a bias or none), and two whose
+    outputs later ops write in place (alone: a split's slice cannot be written)."""
 
     def __init__(self, width=8):
         super().__init__()
         self.query, self.key, self.value = (nn.Linear(width, width) for _ in range(3))
         self.gate, self.up = (nn.Linear(width, 2 * width, bias=False) for _ in range(2))
         self.plain = nn.Linear(width, width, bias=False)
-        self.scratch = nn.Linear(width, width, bias=False)
+        self.scratch, self.other = (nn.Linear(width, width, bias=False) for _ in range(2))
 
     def forward(self, x):
         q, k, v = self.query(x), self.key(x), self.value(x)
         mixed = (q * k).softmax(-1) * v + self.plain(x)
-        scratch = self.scratch(mixed)
+        scratch, other = self.scratch(mixed), self.other(mixed)
         scratch.mul_(0.5)
-        return (self.gate(mixed).sigmoid() * self.up(mixed)).sum(-1, keepdim=True) + scratch
+        other += 1.0
+        gated = (self.gate(mixed).sigmoid() * self.up(mixed)).sum(-1, keepdim=True)
+        return gated + scratch * other
 
 
 def _compiled(model, **kwargs):
