@@ -91,14 +91,12 @@ def fuse_projections(gm: torch.fx.GraphModule) -> list[tuple[str, ...]]:
         key = (x, bias is not None, weight.meta["example_value"].dtype)
         groups.setdefault(key, []).append((node, weight, bias))
     fused = []
-    for members in groups.values():
+    graph = gm.graph
+    for (x, _, _), members in groups.items():
         if len(members) < 2:
             continue
-        first = members[0][0]
-        x = _linear_operands(first)[0]
         sizes = [weight.meta["example_value"].shape[0] for _, weight, _ in members]
-        graph = gm.graph
-        with graph.inserting_before(first):
+        with graph.inserting_before(members[0][0]):
             weight = graph.call_function(torch.cat, ([w for _, w, _ in members],), {"dim": 0})
             bias = (None if members[0][2] is None else
                     graph.call_function(torch.cat, ([b for _, _, b in members],), {"dim": 0}))
@@ -110,7 +108,7 @@ def fuse_projections(gm: torch.fx.GraphModule) -> list[tuple[str, ...]]:
         for node, _, _ in members:
             graph.erase_node(node)
     if fused:
-        gm.graph.lint()
+        graph.lint()
         gm.recompile()
         _FUSED.extend(fused)
     return fused
