@@ -42,13 +42,18 @@ out of memory or failed (not by its time limit, which the check's deadline cuts)
 is compared with ran ``ok`` fails the target; and where Slapo ran ``ok`` and what it is
 compared with ran out of memory (no T1 baseline ran ``ok``, or ``deepspeed`` for T2), Slapo
 passes, with no ratio.
-The summary ends with the profiled systems' kernel time per step side by side, by operator.
+The summary ends with the profiled systems side by side, per step: their kernel time by kind
+(matrix products, attention, optimizer, the rest) and by operator, and the time a timed step
+spends outside kernels against the commands (kernel launches, memsets, copies) that put work on
+the GPU: the share that fewer kernels, or CUDA graphs, could win.
 Both commands exit 1 where a target failed or a case failed, 2 on bad input.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -85,6 +90,19 @@ H200_ANCHORS = {
 PROFILED_MODES = ("slapo-megatron", "hf-compile")
 PROFILE_STEPS = 2
 PROFILE_TOP_OPS = 12  # per system, in the summary's table
+# Kernel time by kind, from the operators that launched the kernels (the rest: Inductor's
+# kernels, eager elementwise work, casts, copies, the loss).
+KERNEL_KINDS = (
+    ("matrix products", re.compile(r"aten::(mm|addmm|bmm|baddbmm|addbmm|_scaled_mm)$")),
+    ("attention", re.compile(r"aten::_?\w*attention\w*$")),
+    ("optimizer", re.compile(r"aten::_(fused_adam|foreach_)\w*$")),
+)
+# The CUDA runtime and driver calls that put work on the GPU, as torch.profiler names them.
+# On the 2026-12-06 H100 profiles each step also issued about one memset per matrix product.
+GPU_COMMANDS = {"kernel launches": ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                                    "cuLaunchKernelEx", "cudaLaunchCooperativeKernel",
+                                    "cudaGraphLaunch"),
+                "memsets": ("cudaMemsetAsync",), "copies": ("cudaMemcpyAsync",)}
 SETTLED = ("ok", "unsupported")  # a rerun keeps these records; failed and oom cases run again
 # A baseline with one of these outcomes is out of T1's comparison for a reason of its own; no
 # record or a failed one (a timeout included) leaves T1 unjudged.
@@ -353,9 +371,9 @@ def judge(folder) -> list[Verdict]:
 
 def device_profile(folder, record) -> dict | None:
     """Rank 0's profile of ``record``'s case under ``folder/profiles/`` (``slapo-bench run
-    --profile``), per profiled step, in milliseconds: its wall time, all kernels' time, and each
-    operator's share of it; None where there is none with device times (not profiled, or
-    profiled on CPU)."""
+    --profile``), per profiled step: its wall time, all kernels' time and each operator's
+    share of it, in milliseconds, and how many of each of :data:`GPU_COMMANDS` it issued;
+    None where there is none with device times (not profiled, or profiled on CPU)."""
     path = Path(folder) / "profiles" / record.id / "rank0.ops.json"
     try:
         profile = json.loads(path.read_text())
@@ -364,21 +382,61 @@ def device_profile(folder, record) -> dict | None:
     steps = profile.get("steps") or 0
     if not steps or "device_us" not in profile:
         return None
+    ops = profile["ops"]
     return {"steps": steps, "wall_ms": profile["wall_us"] / 1e3 / steps,
             "device_ms": profile["device_us"] / 1e3 / steps,
             "ops": {name: op["self_device_us"] / 1e3 / steps
-                    for name, op in profile["ops"].items() if op.get("self_device_us")}}
+                    for name, op in ops.items() if op.get("self_device_us")},
+            "commands": {kind: sum(ops[name]["calls"] for name in names if name in ops) / steps
+                         for kind, names in GPU_COMMANDS.items()}}
+
+
+def timed_step_ms(record) -> float | None:
+    """The median of a record's timed steps (warm-up left out, no profiler), in ms."""
+    timed = record.metrics.step_times[record.metrics.warmup_steps or 0:]
+    return statistics.median(timed) * 1e3 if timed else None
+
+
+def _kind_rows(profiles: dict, timed: dict) -> list[str]:
+    """The rows of the profile table before its operators: the timed step, the kernels by
+    kind, the time outside kernels and the commands that put work on the GPU."""
+    def row(label, values, fmt):
+        return f"| ({label}) | " + " | ".join("-" if v is None else fmt.format(v)
+                                            for v in values) + " |"
+
+    modes = list(profiles)
+    kinds = {m: {label: sum(ms for name, ms in profiles[m]["ops"].items() if pattern.match(name))
+                 for label, pattern in KERNEL_KINDS} for m in modes}
+    outside = {m: None if timed[m] is None else timed[m] - profiles[m]["device_ms"]
+               for m in modes}
+    commands = {m: sum(profiles[m]["commands"].values()) for m in modes}
+    rows = [row("wall", [profiles[m]["wall_ms"] for m in modes], "{:.1f}"),
+            row("timed step, median, unprofiled", [timed[m] for m in modes], "{:.1f}"),
+            row("all kernels", [profiles[m]["device_ms"] for m in modes], "{:.1f}")]
+    rows += [row(label, [kinds[m][label] for m in modes], "{:.1f}") for label, _ in KERNEL_KINDS]
+    rows += [row("other kernels", [profiles[m]["device_ms"] - sum(kinds[m].values())
+                                   for m in modes], "{:.1f}"),
+             row("timed step less all kernels", [outside[m] for m in modes], "{:.1f}")]
+    rows += [row(f"{kind}, count", [profiles[m]["commands"][kind] for m in modes], "{:.0f}")
+             for kind in GPU_COMMANDS]
+    rows.append(row("microseconds outside kernels per command",
+                    [outside[m] * 1e3 / commands[m] if outside[m] is not None and commands[m]
+                     else None for m in modes], "{:.2f}"))
+    return rows
 
 
 def profile_lines(folder, records: dict) -> list[str]:
     """The summary's section on where the GPU time goes: per model, its profiled systems side
-    by side, the kernel milliseconds per step of each one's largest operators."""
+    by side, per step: the kernel time by kind and of each one's largest operators, and the
+    time outside kernels against the commands issued."""
     lines = []
     for model in sorted({model for model, _ in records}):
-        profiles = {mode: p for (m, mode), r in sorted(records.items())
+        profiled = {mode: (r, p) for (m, mode), r in sorted(records.items())
                     if m == model and r.status == "ok" and (p := device_profile(folder, r))}
-        if not profiles:
+        if not profiled:
             continue
+        profiles = {mode: p for mode, (_, p) in profiled.items()}
+        timed = {mode: timed_step_ms(r) for mode, (r, _) in profiled.items()}
         top = []
         for p in profiles.values():
             for name in sorted(p["ops"], key=p["ops"].get, reverse=True)[:PROFILE_TOP_OPS]:
@@ -388,13 +446,15 @@ def profile_lines(folder, records: dict) -> list[str]:
         steps = ", ".join(f"{m} {p['steps']}" for m, p in profiles.items())
         lines += ["", f"## Where the GPU time goes: {model}", "",
                   f"Milliseconds per step over the steps profiled after the timed ones ({steps}; "
-                  f"torch.profiler): the wall time, all kernels' time, and the time of the "
-                  f"kernels each operator launched itself, for each system's "
+                  f"torch.profiler): the wall time; the median timed step, unprofiled, from the "
+                  f"record; all kernels' time, by kind (from the operators that launched "
+                  f"them); the timed step less all kernels: time the GPU spent between kernels "
+                  f"or waiting for work, and the commands per step that put work on it (CUDA "
+                  f"runtime and driver calls), with that time per command; then the time of "
+                  f"the kernels each operator launched itself, for each system's "
                   f"{PROFILE_TOP_OPS} largest. Tables and traces: profiles/<case id>/.", "",
-                  "| operator | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes),
-                  "| (wall) | " + " | ".join(f"{profiles[m]['wall_ms']:.1f}" for m in modes) + " |",
-                  "| (all kernels) | " + " | ".join(f"{profiles[m]['device_ms']:.1f}"
-                                                   for m in modes) + " |"]
+                  "| operator | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]
+        lines += _kind_rows(profiles, timed)
         for name in top:
             cells = [f"{profiles[m]['ops'][name]:.2f}" if name in profiles[m]["ops"] else "-"
                      for m in modes]

@@ -259,18 +259,28 @@ def test_the_exit_status_tells_a_failed_case_from_a_clean_part(tmp_path, capsys)
 
 def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
     """Each profiled record's rank-0 ops.json (profiles/<case id>/) gives its column: wall and
-    kernel milliseconds per step, then each system's largest operators by kernel time."""
+    kernel milliseconds per step, the kernels by kind, the timed step (the record's median,
+    warm-up left out) less the kernels against the commands issued, then each system's
+    largest operators by kernel time."""
     slapo, compiled = rec("slapo-megatron", 330), rec("hf-compile", 300)
-    profiles = [(slapo, {"aten::mm": 180e3, "aten::copy_": 40e3, "aten::add_": 2e3}),
-                (compiled, {"aten::mm": 170e3, "triton_red_fused_add_native_layer_norm_0": 30e3})]
-    for record, ops in profiles:
+    # the timed steps' medians: 140 ms (the 900 ms warm-up left out) and 130 ms
+    slapo.metrics.step_times, slapo.metrics.warmup_steps = [0.9, 0.13, 0.14, 0.15], 1
+    compiled.metrics.step_times, compiled.metrics.warmup_steps = [0.13, 0.13], 0
+    profiles = [(slapo, {"aten::mm": 180e3, "aten::_cudnn_attention_backward": 30e3,
+                         "aten::_fused_adamw_": 6e3, "aten::copy_": 40e3, "aten::add_": 2e3},
+                 {"cuLaunchKernel": 600, "cudaLaunchKernel": 200, "cudaMemsetAsync": 200}),
+                (compiled, {"aten::mm": 170e3, "aten::addmm": 20e3,
+                            "triton_red_fused_add_native_layer_norm_0": 30e3}, {})]
+    for record, ops, calls in profiles:
         write_record(record, tmp_path / f"{record.id}.json")
         folder = tmp_path / "profiles" / record.id
         folder.mkdir(parents=True)
         (folder / "rank0.ops.json").write_text(json.dumps({
             "steps": 2, "wall_us": 500e3, "device_us": sum(ops.values()) + 10e3,
-            "ops": {name: {"calls": 8, "self_cpu_us": 1.0, "self_device_us": us}
-                    for name, us in ops.items()}}))
+            "ops": {**{name: {"calls": 8, "self_cpu_us": 1.0, "self_device_us": us}
+                       for name, us in ops.items()},
+                    **{name: {"calls": n, "self_cpu_us": 1.0, "self_device_us": 0}
+                       for name, n in calls.items()}}}))
     cpu_profiled = rec("hf-sdpa", 200)  # a CPU profile has no kernel times: no column
     write_record(cpu_profiled, tmp_path / f"{cpu_profiled.id}.json")
     (tmp_path / "profiles" / cpu_profiled.id).mkdir()
@@ -281,12 +291,27 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
     section = text[text.index("## Where the GPU time goes: bert-large-uncased"):]
     assert "(hf-compile 2, slapo-megatron 2; torch.profiler)" in section
     rows = [line for line in section.splitlines() if line.startswith("| ")]
+    # slapo-megatron: 6 ms a step outside its 134 ms of kernels, over 500 commands a step;
+    # hf-compile's profile counted no command
     assert rows == ["| operator | hf-compile | slapo-megatron |",
                     "| (wall) | 250.0 | 250.0 |",
-                    "| (all kernels) | 105.0 | 116.0 |",
+                    "| (timed step, median, unprofiled) | 130.0 | 140.0 |",
+                    "| (all kernels) | 115.0 | 134.0 |",
+                    "| (matrix products) | 95.0 | 90.0 |",
+                    "| (attention) | 0.0 | 15.0 |",
+                    "| (optimizer) | 0.0 | 3.0 |",
+                    "| (other kernels) | 20.0 | 26.0 |",
+                    "| (timed step less all kernels) | 15.0 | 6.0 |",
+                    "| (kernel launches, count) | 0 | 400 |",
+                    "| (memsets, count) | 0 | 100 |",
+                    "| (copies, count) | 0 | 0 |",
+                    "| (microseconds outside kernels per command) | - | 12.00 |",
                     "| `aten::mm` | 85.00 | 90.00 |",
                     "| `triton_red_fused_add_native_layer_norm_0` | 15.00 | - |",
+                    "| `aten::addmm` | 10.00 | - |",
                     "| `aten::copy_` | - | 20.00 |",
+                    "| `aten::_cudnn_attention_backward` | - | 15.00 |",
+                    "| `aten::_fused_adamw_` | - | 3.00 |",
                     "| `aten::add_` | - | 1.00 |"]
 
 
