@@ -12,7 +12,8 @@ The HF model is built with the same seed on every rank, scheduled with
 | slapo-kernel       | no (DDP if N > 1) | -               | yes        | batch / N      |
 
 The checkpoint ratio of the case goes to the schedule (the first ``round(ratio * layers)``
-layers are checkpointed). A family without a schedule is ``unsupported``. A
+layers are checkpointed). Under bf16 without data parallelism their Linear layers train bf16
+weights with fp32 master copies (:func:`slapo_master_weights`, :mod:`.master_weights`). A family without a schedule is ``unsupported``. A
 ``slapo-megatron`` case with pipeline stages or data-parallel replicas (``pp=``, ``tp=``) runs
 under :mod:`.slapo_3d`.
 """
@@ -95,10 +96,20 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
     return sch
 
 
+def slapo_master_weights(system) -> bool:
+    """Slapo's native systems train their Linear layers' weights in bf16 with fp32 masters
+    (:mod:`.master_weights`) under bf16 autocast, without data parallelism (DDP would reduce
+    the gradients in bf16)."""
+    import torch
+
+    return system.autocast_dtype == torch.bfloat16 and system.dp_size == 1
+
+
 class SlapoTPSystem(TensorParallelTrainer):
     mode = "slapo-megatron"
     description = "HF model + Slapo schedule, tensor parallelism over all ranks (Slapo-TP)"
     shard_embedding = True
+    uses_master_weights = slapo_master_weights
 
     def setup(self) -> None:
         self.model = scheduled_model(self.spec, self.ctx, self.notes, tensor_parallel=True,
@@ -120,6 +131,7 @@ class SlapoTPAttnFFNSystem(SlapoTPSystem):
 class SlapoKernelSystem(NativeTrainer):
     mode = "slapo-kernel"
     description = "Figure 9 '+ Kernel Opt': fused kernels, no TP (data parallel if N > 1)"
+    uses_master_weights = slapo_master_weights
 
     def setup(self) -> None:
         self.inner = scheduled_model(self.spec, self.ctx, self.notes, tensor_parallel=False,
