@@ -15,10 +15,10 @@ It is autocast's arithmetic: the Linear computes on the same 16-bit values (the 
 the same fp32 master), its gradient is the same 16-bit tensor, and the optimizer sees it in
 fp32 as before; every other parameter (norms, embeddings, tied weights) stays fp32 under
 autocast. That holds where each such tensor gets one gradient a step, as in every model of
-the zoo. A layer that a forward runs more than once (ALBERT's shared layer) has its
-gradients added up in bf16 before they reach the master (in the autograd engine, as under
-eager autocast, whose cast cache gives all the calls one bf16 copy; in compiled regions each
-call casts its own, and autocast adds their gradients in fp32).
+the zoo. Where a forward runs a layer more than once (ALBERT's shared layer), its gradients
+add up in bf16 before they reach the master; autocast over fp32 parameters adds them in fp32
+when the layer is compiled (each call casts the weight itself), and in bf16 when it runs
+eagerly (autocast's cast cache gives all the calls one bf16 copy).
 """
 from __future__ import annotations
 

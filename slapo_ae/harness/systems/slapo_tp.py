@@ -13,9 +13,9 @@ The HF model is built with the same seed on every rank, scheduled with
 
 The checkpoint ratio of the case goes to the schedule (the first ``round(ratio * layers)``
 layers are checkpointed). Under bf16 without data parallelism their Linear layers train bf16
-weights with fp32 master copies (:func:`slapo_master_weights`, :mod:`.master_weights`). A family without a schedule is ``unsupported``. A
-``slapo-megatron`` case with pipeline stages or data-parallel replicas (``pp=``, ``tp=``) runs
-under :mod:`.slapo_3d`.
+weights with fp32 master copies (:func:`slapo_master_weights`, :mod:`.master_weights`). A
+family without a schedule is ``unsupported``. A ``slapo-megatron`` case with pipeline stages
+or data-parallel replicas (``pp=``, ``tp=``) runs under :mod:`.slapo_3d`.
 """
 from __future__ import annotations
 
