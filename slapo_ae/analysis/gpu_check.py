@@ -42,10 +42,10 @@ out of memory or failed (not by its time limit, which the check's deadline cuts)
 is compared with ran ``ok`` fails the target; and where Slapo ran ``ok`` and what it is
 compared with ran out of memory (no T1 baseline ran ``ok``, or ``deepspeed`` for T2), Slapo
 passes, with no ratio.
-The summary ends with the profiled systems side by side, per step: their kernel time by kind
-(matrix products, attention, optimizer, the rest) and by operator, and the time a timed step
-spends outside kernels against the commands (kernel launches, memsets, copies) that put work on
-the GPU: the share that fewer kernels, or CUDA graphs, could win.
+The summary ends with the profiled systems side by side, per step: their kernel time and calls
+by kind (matrix products, attention, optimizer, casts, the rest) and by operator, and the time
+a timed step spends outside kernels against the commands (kernel launches, memsets, copies)
+that put work on the GPU: the share that fewer kernels, or CUDA graphs, could win.
 Both commands exit 1 where a target failed or a case failed, 2 on bad input.
 """
 from __future__ import annotations
@@ -91,11 +91,14 @@ PROFILED_MODES = ("slapo-megatron", "hf-compile")
 PROFILE_STEPS = 2
 PROFILE_TOP_OPS = 12  # per system, in the summary's table
 # Kernel time by kind, from the operators that launched the kernels (the rest: Inductor's
-# kernels, eager elementwise work, casts, copies, the loss).
+# other kernels, eager elementwise work, copies, the loss). Casts: Inductor's kernels that do
+# nothing but cast (autocast's weight and gradient casts among them), by their names.
 KERNEL_KINDS = (
     ("matrix products", re.compile(r"aten::(mm|addmm|bmm|baddbmm|addbmm|_scaled_mm)$")),
     ("attention", re.compile(r"aten::_?\w*attention\w*$")),
     ("optimizer", re.compile(r"aten::_(fused_adam|foreach_)\w*$")),
+    ("casts", re.compile(r"triton_(poi|per|red)_fused__to_copy(_(view|t|clone|permute|expand|"
+                         r"_unsafe_view))*_\d+$")),
 )
 # The CUDA runtime and driver calls that put work on the GPU, as torch.profiler names them.
 # On the 2026-12-06 H100 profiles each step also issued about one memset per matrix product.
@@ -387,6 +390,8 @@ def device_profile(folder, record) -> dict | None:
             "device_ms": profile["device_us"] / 1e3 / steps,
             "ops": {name: op["self_device_us"] / 1e3 / steps
                     for name, op in ops.items() if op.get("self_device_us")},
+            "calls": {name: op["calls"] / steps for name, op in ops.items()
+                      if op.get("self_device_us")},
             "commands": {kind: sum(ops[name]["calls"] for name in names if name in ops) / steps
                          for kind, names in GPU_COMMANDS.items()}}
 
@@ -404,9 +409,12 @@ def _kind_rows(profiles: dict, timed: dict) -> list[str]:
         return f"| ({label}) | " + " | ".join("-" if v is None else fmt.format(v)
                                             for v in values) + " |"
 
+    def of_kind(m, what, pattern):
+        return sum(v for name, v in profiles[m][what].items() if pattern.match(name))
+
     modes = list(profiles)
-    kinds = {m: {label: sum(ms for name, ms in profiles[m]["ops"].items() if pattern.match(name))
-                 for label, pattern in KERNEL_KINDS} for m in modes}
+    kinds = {m: {label: of_kind(m, "ops", pattern) for label, pattern in KERNEL_KINDS}
+             for m in modes}
     outside = {m: None if timed[m] is None else timed[m] - profiles[m]["device_ms"]
                for m in modes}
     commands = {m: sum(profiles[m]["commands"].values()) for m in modes}
@@ -417,6 +425,8 @@ def _kind_rows(profiles: dict, timed: dict) -> list[str]:
     rows += [row("other kernels", [profiles[m]["device_ms"] - sum(kinds[m].values())
                                    for m in modes], "{:.1f}"),
              row("timed step less all kernels", [outside[m] for m in modes], "{:.1f}")]
+    rows += [row(f"{label}, calls", [of_kind(m, "calls", pattern) for m in modes], "{:.0f}")
+             for label, pattern in KERNEL_KINDS]
     rows += [row(f"{kind}, count", [profiles[m]["commands"][kind] for m in modes], "{:.0f}")
              for kind in GPU_COMMANDS]
     rows.append(row("microseconds outside kernels per command",
@@ -448,7 +458,8 @@ def profile_lines(folder, records: dict) -> list[str]:
                   f"Milliseconds per step over the steps profiled after the timed ones ({steps}; "
                   f"torch.profiler): the wall time; the median timed step, unprofiled, from the "
                   f"record; all kernels' time, by kind (from the operators that launched "
-                  f"them); the timed step less all kernels: time the GPU spent between kernels "
+                  f"them; casts: Inductor's cast-only kernels), and the calls of each kind; "
+                  f"the timed step less all kernels: time the GPU spent between kernels "
                   f"or waiting for work, and the commands per step that put work on it (CUDA "
                   f"runtime and driver calls), with that time per command; then the time of "
                   f"the kernels each operator launched itself, for each system's "

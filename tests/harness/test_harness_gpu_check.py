@@ -259,9 +259,9 @@ def test_the_exit_status_tells_a_failed_case_from_a_clean_part(tmp_path, capsys)
 
 def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
     """Each profiled record's rank-0 ops.json (profiles/<case id>/) gives its column: wall and
-    kernel milliseconds per step, the kernels by kind, the timed step (the record's median,
-    warm-up left out) less the kernels against the commands issued, then each system's
-    largest operators by kernel time."""
+    kernel milliseconds per step, the kernels' time and calls by kind, the timed step (the
+    record's median, warm-up left out) less the kernels against the commands issued, then each
+    system's largest operators by kernel time."""
     slapo, compiled = rec("slapo-megatron", 330), rec("hf-compile", 300)
     # the timed steps' medians: 140 ms (the 900 ms warm-up left out) and 130 ms
     slapo.metrics.step_times, slapo.metrics.warmup_steps = [0.9, 0.13, 0.14, 0.15], 1
@@ -270,7 +270,9 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
                          "aten::_fused_adamw_": 6e3, "aten::copy_": 40e3, "aten::add_": 2e3},
                  {"cuLaunchKernel": 600, "cudaLaunchKernel": 200, "cudaMemsetAsync": 200}),
                 (compiled, {"aten::mm": 170e3, "aten::addmm": 20e3,
-                            "triton_red_fused_add_native_layer_norm_0": 30e3}, {})]
+                            "triton_red_fused_add_native_layer_norm_0": 30e3,
+                            "triton_poi_fused__to_copy_t_3": 4e3,  # a cast (of a weight)
+                            "triton_poi_fused__to_copy_add_7": 2e3}, {})]  # not only a cast
     for record, ops, calls in profiles:
         write_record(record, tmp_path / f"{record.id}.json")
         folder = tmp_path / "profiles" / record.id
@@ -296,12 +298,17 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
     assert rows == ["| operator | hf-compile | slapo-megatron |",
                     "| (wall) | 250.0 | 250.0 |",
                     "| (timed step, median, unprofiled) | 130.0 | 140.0 |",
-                    "| (all kernels) | 115.0 | 134.0 |",
+                    "| (all kernels) | 118.0 | 134.0 |",
                     "| (matrix products) | 95.0 | 90.0 |",
                     "| (attention) | 0.0 | 15.0 |",
                     "| (optimizer) | 0.0 | 3.0 |",
-                    "| (other kernels) | 20.0 | 26.0 |",
-                    "| (timed step less all kernels) | 15.0 | 6.0 |",
+                    "| (casts) | 2.0 | 0.0 |",
+                    "| (other kernels) | 21.0 | 26.0 |",
+                    "| (timed step less all kernels) | 12.0 | 6.0 |",
+                    "| (matrix products, calls) | 8 | 4 |",
+                    "| (attention, calls) | 0 | 4 |",
+                    "| (optimizer, calls) | 0 | 4 |",
+                    "| (casts, calls) | 4 | 0 |",
                     "| (kernel launches, count) | 0 | 400 |",
                     "| (memsets, count) | 0 | 100 |",
                     "| (copies, count) | 0 | 0 |",
@@ -309,6 +316,8 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
                     "| `aten::mm` | 85.00 | 90.00 |",
                     "| `triton_red_fused_add_native_layer_norm_0` | 15.00 | - |",
                     "| `aten::addmm` | 10.00 | - |",
+                    "| `triton_poi_fused__to_copy_t_3` | 2.00 | - |",
+                    "| `triton_poi_fused__to_copy_add_7` | 1.00 | - |",
                     "| `aten::copy_` | - | 20.00 |",
                     "| `aten::_cudnn_attention_backward` | - | 15.00 |",
                     "| `aten::_fused_adamw_` | - | 3.00 |",

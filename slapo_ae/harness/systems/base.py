@@ -31,7 +31,7 @@ fp32 master copies that the optimizer steps (:mod:`.master_weights`, as Megatron
 autocast's arithmetic, in two multi-tensor copies a step where autocast casts each weight down
 and each weight gradient up in a kernel of its own. The bytes moved are the same; what it saves
 is kernels: in the 62ef84e H100 profile of bert-large, Slapo-TP's casting kernels (Inductor's
-``_to_copy`` kernels) were 460 of its 2142 GPU commands a step, 25 of them the hidden states'
+``_to_copy`` kernels) were 461 of its 2142 GPU commands a step, 25 of them the hidden states'
 casts between layers, and the GPU spent about 2.3 us outside kernels per command. Everything
 else stays under autocast: the residual stream, norms and embeddings in fp32, as for the
 baselines. Not yet measured on a GPU.

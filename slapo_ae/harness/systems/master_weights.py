@@ -3,7 +3,7 @@
 Under ``torch.autocast`` every Linear casts its fp32 weight and bias to the autocast dtype at
 each call, and its weight gradient, computed in that dtype, is cast back to fp32 for the
 parameter: two casts per tensor per step, each a kernel (Inductor fuses some of them). In the
-62ef84e H100 profile of bert-large, Slapo-TP's casting kernels were 460 of its 2142 GPU
+62ef84e H100 profile of bert-large, Slapo-TP's casting kernels were 461 of its 2142 GPU
 commands a step (25 of them the hidden states' casts between layers), and the GPU spent about
 2.3 us outside kernels per command (``docs/gpu.md``). :class:`LinearMasterWeights` stores those
 tensors in the autocast dtype instead, as Megatron-LM does, and keeps their fp32 values as
