@@ -375,8 +375,9 @@ def judge(folder) -> list[Verdict]:
 def device_profile(folder, record) -> dict | None:
     """Rank 0's profile of ``record``'s case under ``folder/profiles/`` (``slapo-bench run
     --profile``), per profiled step: its wall time, all kernels' time and each operator's
-    share of it, in milliseconds, and how many of each of :data:`GPU_COMMANDS` it issued;
-    None where there is none with device times (not profiled, or profiled on CPU)."""
+    share of it, in milliseconds, each such operator's calls, and how many of each of
+    :data:`GPU_COMMANDS` it issued; None where there is none with device times (not
+    profiled, or profiled on CPU)."""
     path = Path(folder) / "profiles" / record.id / "rank0.ops.json"
     try:
         profile = json.loads(path.read_text())
