@@ -26,15 +26,13 @@ CUDA (one kernel over all parameters: the default foreach implementation was 13%
 GPU time on one H200) and torch's default on CPU (a for-loop there). The same for the
 baselines as for Slapo: the comparison is about the schedule, not the optimizer.
 
-Slapo's native systems (``slapo_tp.py``) store their Linear layers' weights in bf16 with
-fp32 master copies that the optimizer steps (:mod:`.master_weights`, as Megatron-LM does):
-autocast's arithmetic, in two multi-tensor copies a step where autocast casts each weight down
-and each weight gradient up in a kernel of its own. The bytes moved are the same; what it saves
-is kernels: in the 62ef84e H100 profile of bert-large, Slapo-TP's casting kernels (Inductor's
-``_to_copy`` kernels) were 461 of its 2142 GPU commands a step, 25 of them the hidden states'
-casts between layers, and the GPU spent about 2.3 us outside kernels per command. Everything
-else stays under autocast: the residual stream, norms and embeddings in fp32, as for the
-baselines. Not yet measured on a GPU.
+Slapo's native systems (``slapo_tp.py``) train in bf16 on CUDA as Megatron-LM and DeepSpeed
+do: the whole model in bf16 with fp32 master copies that the optimizer steps, no autocast, the
+loss in float32 (:mod:`.master_weights`). The weights need no casts a step, and the residual
+stream, norms and activations move half the bytes (in the 62ef84e H100 profile of bert-large
+under autocast, Slapo-TP's casting kernels were 461 of its 2142 GPU commands a step and its
+residual-stream kernels about 11 ms of 92). The baselines keep autocast over fp32 parameters:
+what a user of HF and torch.compile picks. Not yet measured on a GPU.
 """
 from __future__ import annotations
 
@@ -135,24 +133,25 @@ class System:
 
 class NativeTrainer(System):
     """A torch-native training step: AdamW over fp32 parameters, autocast on CUDA in 16-bit,
-    a GradScaler for fp16. Subclasses set ``self.model`` in ``setup`` (then call
+    a GradScaler for fp16; or the whole model in bf16 with fp32 masters and no autocast, where
+    :meth:`uses_master_weights`. Subclasses set ``self.model`` in ``setup`` (then call
     :meth:`make_optimizer`) and implement :meth:`forward_loss`."""
 
-    master_weights = None  # a LinearMasterWeights where uses_master_weights()
+    master_weights = None  # a MasterWeights where uses_master_weights()
 
     def make_optimizer(self, params=None) -> None:
         self.set_precision()
         self.master_weights = None
         if params is None and self.uses_master_weights():
-            from .master_weights import LinearMasterWeights
+            from .master_weights import MasterWeights
 
-            self.master_weights = LinearMasterWeights(self.model, self.autocast_dtype)
+            self.master_weights = MasterWeights(self.model, self.autocast_dtype)
             params = self.master_weights.optimizer_params
         params = list(self.model.parameters() if params is None else params)
         self.optimizer = adamw(params, self.spec.case.lr, self.ctx.device)
 
     def uses_master_weights(self) -> bool:
-        """Whether the Linear layers train bf16 weights with fp32 masters
+        """Whether the model trains in 16 bit with fp32 masters and no autocast
         (:mod:`.master_weights`); the systems that do override this."""
         return False
 
@@ -173,7 +172,7 @@ class NativeTrainer(System):
         if self.autocast_dtype is None:
             return "fp32"
         if self.master_weights is not None:
-            return f"{self.spec.case.dtype} autocast; {self.master_weights.describe()}"
+            return self.master_weights.describe()
         return (f"{self.spec.case.dtype} autocast over fp32 parameters (the master weights)"
                 + (", dynamic loss scaling" if self.scaler is not None else ""))
 
@@ -185,7 +184,7 @@ class NativeTrainer(System):
         return None
 
     def train_step(self, batch: dict) -> torch.Tensor:
-        if self.autocast_dtype is not None:
+        if self.autocast_dtype is not None and self.master_weights is None:
             with torch.autocast(device_type=self.ctx.device.type, dtype=self.autocast_dtype):
                 loss = self.forward_loss(batch)
         else:

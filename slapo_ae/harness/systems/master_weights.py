@@ -1,50 +1,54 @@
-"""16-bit weights for the Linear layers, with fp32 master copies that the optimizer steps.
+"""The whole model in bf16, with fp32 master copies of its parameters that the optimizer steps:
+how Megatron-LM (``--bf16``) and DeepSpeed's bf16 mode train, and Slapo-TP's policy on CUDA
+(:func:`.slapo_tp.slapo_master_weights`).
 
-Under ``torch.autocast`` every Linear casts its fp32 weight and bias to the autocast dtype at
-each call, and its weight gradient, computed in that dtype, is cast back to fp32 for the
-parameter: two casts per tensor per step, each a kernel (Inductor fuses some of them). In the
-62ef84e H100 profile of bert-large, Slapo-TP's casting kernels were 461 of its 2142 GPU
-commands a step (25 of them the hidden states' casts between layers), and the GPU spent about
-2.3 us outside kernels per command (``docs/gpu.md``). :class:`LinearMasterWeights` stores those
-tensors in the autocast dtype instead, as Megatron-LM does, and keeps their fp32 values as
-master copies: the optimizer steps the masters, and each step copies the gradients up and the
-new values down in two multi-tensor copies (``torch._foreach_copy_``, which casts between
-dtypes in its fast path on CUDA).
+Under ``torch.autocast`` over fp32 parameters (the baselines' policy), each matrix product
+casts its fp32 weight to bf16 at every call and its bf16 weight gradient back to fp32, and
+the residual stream, norms and dropout between the products stay in fp32: in bert-large's
+post-LayerNorm layers the hidden states are written in fp32 for the residual and again in
+bf16 for the next product. In the 62ef84e H100 profile of bert-large, Slapo-TP's casting
+kernels were 461 of its 2142 GPU commands a step, and its residual-stream kernels (LayerNorm
+with the residual add and dropout, forward and backward) about 11 ms of its 92 ms of kernels
+(``docs/gpu.md``).
 
-It is autocast's arithmetic: the Linear computes on the same 16-bit values (the rounding of
-the same fp32 master), its gradient is the same 16-bit tensor, and the optimizer sees it in
-fp32 as before; every other parameter (norms, embeddings, tied weights) stays fp32 under
-autocast. That holds where each such tensor gets one gradient a step, as in every model of
-the zoo. Where a forward runs a layer more than once (ALBERT's shared layer), its gradients
-add up in bf16 before they reach the master; autocast over fp32 parameters adds them in fp32
-when the layer is compiled (each call casts the weight itself), and in bf16 when it runs
-eagerly (autocast's cast cache gives all the calls one bf16 copy).
+:class:`MasterWeights` stores every floating parameter in bf16 instead, and the step runs
+without autocast: the weights need no casts, and the activations, the residual stream, the
+norms' outputs and their gradients move half the bytes. The optimizer steps fp32 masters; each
+step copies the gradients up and the new values down in two multi-tensor copies
+(``torch._foreach_copy_``, which casts between dtypes in its fast path on CUDA). The kernels
+that need a wider accumulator keep it: LayerNorm and RMSNorm statistics, softmax in the
+attention kernels and Inductor's generated code (which computes bf16 in fp32 registers), and
+the matrix products' fp32 accumulation. The loss must be computed in float32 by the model:
+the caller checks that (Slapo's losses upcast the logits, ``slapo.op.cross_entropy``).
+
+This is not autocast's arithmetic: the residual stream is rounded to bf16 at each layer, and
+a parameter used twice in a step (a weight tied to an embedding) adds its two gradients in
+bf16. Slapo's losses are checked against hf-sdpa's (autocast over fp32) by the GPU check's
+L target; ``tests/unit/test_master_weights.py`` states the tolerance on CPU.
 """
 from __future__ import annotations
 
 import torch
 
 
-class LinearMasterWeights:
-    """Move the parameters of ``model``'s ``nn.Linear`` modules to ``dtype`` in place (the
-    Parameter objects stay, so shards, hooks and the schedule keep them), keeping fp32 masters.
-    A parameter that another module holds too (a weight tied to an embedding) stays as it is.
+class MasterWeights:
+    """Move every floating parameter of ``model`` to ``dtype`` in place (the Parameter objects
+    stay, so shards, hooks and the schedule keep them), keeping fp32 masters: one for each
+    parameter object, so a tied weight has one master. Buffers stay as they are (rotary
+    frequencies in fp32, position ids).
 
-    Give :attr:`optimizer_params` to the optimizer in place of ``model.parameters()`` and call
-    :meth:`step` in place of ``optimizer.step()``."""
+    Give :attr:`optimizer_params` to the optimizer in place of ``model.parameters()``, call
+    :meth:`step` in place of ``optimizer.step()``, and run the forward without autocast."""
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
-        holders = {}
-        for name, param in model.named_parameters(remove_duplicate=False):
-            holders.setdefault(id(param), []).append(name)
-        linear = {id(p) for mod in model.modules() if isinstance(mod, torch.nn.Linear)
-                  for p in mod.parameters(recurse=False)}
         self.names, self.params, self.masters, others = [], [], [], []
         for name, param in model.named_parameters():
-            if id(param) in linear and len(holders[id(param)]) == 1 and param.dtype != dtype:
+            if param.is_floating_point() and param.dtype != dtype:
                 self.names.append(name)
                 self.params.append(param)
-                self.masters.append(torch.nn.Parameter(param.detach().clone()))
+                # an fp32 parameter's own storage becomes the master: it gives it up below
+                self.masters.append(torch.nn.Parameter(param.detach().float(),
+                                                       requires_grad=param.requires_grad))
                 param.data = param.data.to(dtype)
             else:
                 others.append(param)
@@ -69,6 +73,8 @@ class LinearMasterWeights:
 
     def describe(self) -> str:
         """The precision policy in a line, for the record."""
-        return (f"{len(self.params)} Linear weight and bias tensors stored in {self.dtype} with "
-                "fp32 master copies that the optimizer steps (copied each way once a step, "
-                "torch._foreach_copy_)")
+        name = str(self.dtype).removeprefix("torch.")
+        return (f"{name} parameters ({len(self.params)} tensors) with fp32 master copies that "
+                "the optimizer steps (copied each way once a step, torch._foreach_copy_); no "
+                f"autocast: activations, residual stream and norms in {name}, the loss in "
+                "float32 (as Megatron-LM and DeepSpeed train in bf16)")

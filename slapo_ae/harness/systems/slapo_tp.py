@@ -12,8 +12,8 @@ The HF model is built with the same seed on every rank, scheduled with
 | slapo-kernel       | no (DDP if N > 1) | -               | yes        | batch / N      |
 
 The checkpoint ratio of the case goes to the schedule (the first ``round(ratio * layers)``
-layers are checkpointed). Under bf16 without data parallelism their Linear layers train bf16
-weights with fp32 master copies (:func:`slapo_master_weights`, :mod:`.master_weights`). A
+layers are checkpointed). Under bf16 without data parallelism the whole model trains in bf16
+with fp32 master copies and no autocast (:func:`slapo_master_weights`, :mod:`.master_weights`). A
 family without a schedule is ``unsupported``. A ``slapo-megatron`` case with pipeline stages
 or data-parallel replicas (``pp=``, ``tp=``) runs under :mod:`.slapo_3d`.
 """
@@ -97,12 +97,18 @@ def schedule(spec, ctx, notes: list[str], trains_on=None, topology=None, **optio
 
 
 def slapo_master_weights(system) -> bool:
-    """Slapo's native systems train their Linear layers' weights in bf16 with fp32 masters
-    (:mod:`.master_weights`) under bf16 autocast, without data parallelism (DDP would reduce
-    the gradients in bf16)."""
+    """Slapo's native systems train the whole model in bf16 with fp32 masters and no
+    autocast (:mod:`.master_weights`), as Megatron-LM does, where the case is bf16 and
+    - no data parallelism (DDP would reduce the gradients in bf16);
+    - the scheduled model computes its loss itself, from the logits in float32 (the loss
+      ``slapo.op.cross_entropy`` installs: every transformer family's schedule on CUDA).
+      WideResNet's own loss would be computed in bf16, so it keeps autocast."""
     import torch
 
-    return system.autocast_dtype == torch.bfloat16 and system.dp_size == 1
+    from slapo import state
+
+    return (system.autocast_dtype == torch.bfloat16 and system.dp_size == 1
+            and state.loss_fn(system.model) is not None)
 
 
 class SlapoTPSystem(TensorParallelTrainer):
