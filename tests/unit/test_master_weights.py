@@ -104,6 +104,7 @@ def test_slapo_systems_train_in_bf16_where_the_loss_is_float32_without_data_para
     assert not slapo_master_weights(system(model=without))  # its loss would be in bf16
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, dec_seq_len", [
     ("bert-tiny", 0), ("llama-tiny", 0), ("gpt-neo-tiny", 0), ("opt-tiny", 0), ("t5-tiny", 8)])
 def test_slapo_tp_trains_in_bf16_as_with_autocast(monkeypatch, model, dec_seq_len):
@@ -142,3 +143,58 @@ def test_slapo_tp_trains_in_bf16_as_with_autocast(monkeypatch, model, dec_seq_le
     assert runs[True][1].endswith("no autocast: activations, residual stream and norms in "
                                   "bfloat16, the loss in float32 (as Megatron-LM and "
                                   "DeepSpeed train in bf16)")
+
+
+def _megatron(model: str, bf16: bool):
+    """megatron-core's model on CPU, in bf16 (made to run there) or fp32: 3 steps' losses,
+    the record's precision, the parameters' dtypes and the config's bf16 flag."""
+    from megatron.core import parallel_state
+
+    from slapo_ae.harness.systems.megatron import MegatronSystem
+    from slapo_ae.harness.worker import model_fields, step_batch
+
+    class OnCPU(MegatronSystem):
+        def set_precision(self):
+            self.autocast_dtype, self.scaler = (BF16 if bf16 else None), None
+
+    spec = _spec(model, mode="megatron", dec_seq_len=8 if model.startswith("t5") else 0)
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    system = OnCPU(spec, ctx)
+    system.setup()
+    fields = model_fields(spec)
+    losses = [float(system.train_step(step_batch(spec, fields, system, s))) for s in range(3)]
+    config = next(m.config for m in system.model.modules() if hasattr(m, "config"))
+    parallel_state.destroy_model_parallel()
+    return losses, system.precision(), {p.dtype for p in system.model.parameters()}, config.bf16
+
+
+def _megatron_bf16_and_fp32(model):
+    return _megatron(model, bf16=True), _megatron(model, bf16=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["bert-tiny", "llama-tiny", "gpt-neo-tiny", "t5-tiny"])
+def test_megatron_trains_in_bf16_as_megatron_lm_does(model):
+    """The megatron baseline trains in bf16 as Megatron-LM does (the whole model in bf16, the
+    softmax and loss in float32): every step's loss within LOSS_TOLERANCE of fp32's. (Not of
+    autocast's: megatron-core's linear layers restore CUDA's autocast state in their backward,
+    so CPU autocast cannot run them.)"""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from distributed import run_ranks
+
+    bf16, fp32 = run_ranks(_megatron_bf16_and_fp32, model, world_size=1)[0]
+    assert bf16[0] == pytest.approx(fp32[0], rel=LOSS_TOLERANCE)
+    assert bf16[0] != fp32[0]  # it did run in bf16
+    assert bf16[2:] == ({BF16}, True) and fp32[2:] == ({torch.float32}, False)
+    assert bf16[1].startswith("bfloat16 parameters (") and "no autocast" in bf16[1]
+    assert fp32[1] == "fp32"
+
+
+def test_megatrons_rms_norm_note_only_under_autocast():
+    from slapo_ae.harness.systems.megatron import cuda_fusions
+
+    assert "unfused path" in cuda_fusions("llama")[1]
+    assert "RMSNorm" not in cuda_fusions("llama", fp32_weights=False)[1]

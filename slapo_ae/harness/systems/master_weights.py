@@ -1,6 +1,7 @@
 """The whole model in bf16, with fp32 master copies of its parameters that the optimizer steps:
-how Megatron-LM (``--bf16``) and DeepSpeed's bf16 mode train, and Slapo-TP's policy on CUDA
-(:func:`.slapo_tp.slapo_master_weights`).
+how Megatron-LM (``--bf16``) and DeepSpeed's bf16 mode train, and the policy of Slapo-TP
+(:func:`.slapo_tp.slapo_master_weights`) and of the ``megatron`` baseline with tensor
+parallelism alone (:meth:`.megatron.MegatronSystem.uses_master_weights`) in bf16 on CUDA.
 
 Under ``torch.autocast`` over fp32 parameters (the baselines' policy), each matrix product
 casts its fp32 weight to bf16 at every call and its bf16 weight gradient back to fp32, and
@@ -19,12 +20,14 @@ step copies the gradients up and the new values down in two multi-tensor copies
 that need a wider accumulator keep it: LayerNorm and RMSNorm statistics, softmax in the
 attention kernels and Inductor's generated code (which computes bf16 in fp32 registers), and
 the matrix products' fp32 accumulation. The loss must be computed in float32 by the model:
-the caller checks that (Slapo's losses upcast the logits, ``slapo.op.cross_entropy``).
+the caller checks that (Slapo's losses upcast the logits, ``slapo.op.cross_entropy``, as
+megatron-core's vocabulary-parallel cross entropy does).
 
 This is not autocast's arithmetic: the residual stream is rounded to bf16 at each layer, and
 a parameter used twice in a step (a weight tied to an embedding) adds its two gradients in
 bf16. Slapo's losses are checked against hf-sdpa's (autocast over fp32) by the GPU check's
-L target; ``tests/unit/test_master_weights.py`` states the tolerance on CPU.
+L target; ``tests/unit/test_master_weights.py`` states the tolerance on CPU. DDP, ZeRO-3 and
+pipelines are left out: they would reduce or send bf16 where their systems use fp32.
 """
 from __future__ import annotations
 

@@ -19,8 +19,11 @@ model: "-" in Figure 7). Megatron's linear layers carry biases where the HF mode
 
 Checkpointing (``CKPT``): ``full`` recomputes every layer (``recompute_granularity='full'``,
 uniform, one layer per chunk), ``selective`` recomputes the core attention; 0 = none.
-Training: every rank sees the whole batch (data parallel size 1), AdamW over fp32 parameters,
-autocast in fp16/bf16 on CUDA (not Megatron-LM's Float16Module and distributed optimizer).
+Training: every rank sees the whole batch (data parallel size 1) and AdamW steps fp32
+parameters. In bf16 on CUDA the model trains as Megatron-LM's ``--bf16`` does: the whole model
+in bf16 with fp32 master copies, no autocast, the softmax and the loss in float32
+(``TransformerConfig(bf16=True)``, :mod:`.master_weights`; as Slapo-TP trains; not Megatron-LM's
+distributed optimizer). fp16 runs under autocast over fp32 parameters with a GradScaler.
 
 On CUDA the model takes the fastest path megatron-core has without Transformer Engine or Apex
 (:data:`CUDA_FUSIONS`, named in the record): its ``torch.compile``-fused bias+activation
@@ -56,14 +59,15 @@ SLOW_ATTENTION = ("megatron-core's attention here is its local DotProductAttenti
                   "softmax, where HF's SDPA runs a flash kernel")
 # Families whose norm megatron-core builds as torch's RMSNorm (its local spec, without TE).
 RMS_NORM_FAMILIES = ("llama", "t5")
-SLOW_RMS_NORM = ("its RMSNorm is torch's, whose fp32 weights (every system's master weights "
-                 "under bf16 autocast) meet bf16 inputs: torch takes its unfused path")
+SLOW_RMS_NORM = ("its RMSNorm is torch's, whose fp32 weights (the master weights under "
+                 "autocast) meet 16-bit inputs: torch takes its unfused path")
 
 
-def cuda_fusions(family: str) -> tuple[dict, str]:
+def cuda_fusions(family: str, fp32_weights: bool = True) -> tuple[dict, str]:
     """The ``TransformerConfig`` fields of the :data:`CUDA_FUSIONS` (and the activation's)
     for ``family``, and the record's note. A fused GeLU is given as ``F.gelu``, which
-    megatron computes as the tanh approximation."""
+    megatron computes as the tanh approximation. ``fp32_weights``: the model runs under
+    autocast over fp32 parameters (not in bf16 with master copies)."""
     fields = dict(CUDA_FUSIONS)
     act = FUSED_ACTIVATION.get(family)
     if act is not None:
@@ -72,7 +76,7 @@ def cuda_fusions(family: str) -> tuple[dict, str]:
                                      else torch.nn.functional.silu)
     fused = ", ".join(sorted(k for k in fields if k.endswith("fusion")))
     detail = {"gelu": " (gelu, as its tanh approximation)", "swiglu": " (swiglu)"}.get(act, "")
-    slow = f"; {SLOW_RMS_NORM}" if family in RMS_NORM_FAMILIES else ""
+    slow = f"; {SLOW_RMS_NORM}" if family in RMS_NORM_FAMILIES and fp32_weights else ""
     return fields, (f"megatron-core fusions on CUDA (no Transformer Engine or Apex): "
                     f"{fused}{detail}; {SLOW_ATTENTION}{slow}")
 
@@ -131,6 +135,7 @@ class MegatronSystem(TensorParallelTrainer):
                 f"{self.tp_size}); the padded words take part in the loss's softmax")
         builder = {"bert": self._bert, "gpt_neo": self._gpt_neo, "llama": self._llama,
                    "t5": self._t5}[self.family]
+        self.set_precision()  # the config says whether the model runs in bf16
         with self.cuda_context():
             self.model = builder()
         if self.ctx.device.type == "cuda":
@@ -151,13 +156,21 @@ class MegatronSystem(TensorParallelTrainer):
             pipeline_model_parallel_size=self.pp_size,
             use_cpu_initialization=self.ctx.device.type == "cpu",
             params_dtype=torch.float32, pipeline_dtype=torch.float32,
+            bf16=self.uses_master_weights(),  # bf16 activations: softmax upcast to fp32
             **recompute, **{**fields, **self.fusions()})
+
+    def uses_master_weights(self) -> bool:
+        """bf16 without pipeline stages or data-parallel replicas: the whole model in bf16
+        with fp32 masters, as Megatron-LM trains (the module docstring); megatron-core's
+        losses upcast the logits to float32."""
+        return (self.autocast_dtype == torch.bfloat16 and self.pp_size == 1
+                and self.dp_size == 1)
 
     def fusions(self) -> dict:
         """:func:`cuda_fusions` on CUDA, none on CPU; the record's note once."""
         if self.ctx.device.type != "cuda":
             return {}
-        fields, note = cuda_fusions(self.family)
+        fields, note = cuda_fusions(self.family, fp32_weights=not self.uses_master_weights())
         if note not in self.notes:
             self.notes.append(note)
         return fields

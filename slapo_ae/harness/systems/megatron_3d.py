@@ -12,7 +12,8 @@ stage, ``post_process`` on the last), and a step is megatron-core's forward-back
 DDP wrapper (``main_grad`` buffers), which this harness does not use; what it does is done
 here after the schedule, with the same groups: the tied word embedding's gradient summed over
 ``parallel_state.get_embedding_group()`` (first and last stage) and every gradient averaged
-over ``get_data_parallel_group()``. AdamW over fp32 parameters, as with TP alone.
+over ``get_data_parallel_group()``. AdamW over fp32 parameters under autocast (not in bf16
+with master copies, as with TP alone: a pipeline would send bf16 between its stages).
 
 Each replica trains on ``batch / dp`` samples; the step's loss is the mean of the last stage's
 micro-batch losses, broadcast along the pipeline. megatron-core divides the layers evenly
@@ -64,6 +65,9 @@ class Megatron3DSystem(MegatronSystem):
 
             return megatron_cpu.cuda_as_cpu()
         return super().cuda_context()
+
+    def uses_master_weights(self) -> bool:
+        return False  # megatron-core's pipeline schedule runs under autocast (train_step)
 
     def _config(self, **fields):
         # p2p one transfer at a time: batched p2p ends in torch.cuda.synchronize()
