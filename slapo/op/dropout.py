@@ -10,6 +10,11 @@ elements, one thread (2026-12-02): 1.0 to 1.5 ms, against 2.5 to 2.9 ms for a ma
 HF model draws half again as many dropout elements as megatron-core's T5, that was the gap in
 compute between Slapo-TP and Megatron-LM (docs/workflow.md).
 
+Inside a compiled region (the CUDA choices' compiled layers, run on CPU by the tests) it is
+``F.dropout`` on CPU too: ``random_`` would break the region's graph at every dropout, so the
+CPU stand-in of a GPU region would compile other graphs than the GPU does; Inductor draws
+``F.dropout``'s mask in the region with its own generator, as on CUDA.
+
 The rate is rounded to a multiple of 2**-16 (0.1 becomes 0.100006) and what is kept is scaled
 by the rounded rate, so the output is unbiased; a rate that rounds to 0 or 1 takes
 ``F.dropout``. The mask comes from the same default generator as ``nn.Dropout``'s (so
@@ -50,11 +55,12 @@ def keep_mask(shape, rate_levels: int) -> torch.Tensor:
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """``F.dropout(x, p, training)`` with the mask drawn as ``dropout_kernel`` says."""
+    """``F.dropout(x, p, training)`` with the mask drawn as ``dropout_kernel`` says (and as
+    ``F.dropout`` in a compiled region: the module docstring)."""
     if not training or p == 0.0:
         return x
     levels = round(p * _LEVELS)
-    if x.device.type != "cpu" or not 0 < levels < _LEVELS:
+    if x.device.type != "cpu" or not 0 < levels < _LEVELS or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
     keep = keep_mask(x.shape, levels).to(x.dtype).mul_(_LEVELS / (_LEVELS - levels))
     return x * keep

@@ -43,6 +43,21 @@ def test_dropout_off_and_edges():
     assert dropout_kernel("cpu") == "16-bit-mask" and dropout_kernel("cuda") == "F.dropout"
 
 
+def test_dropout_in_a_compiled_region_is_one_graph_on_cpu_too():
+    """Inside torch.compile the CPU mask's random_ would break the graph (fullgraph raises);
+    the region draws F.dropout's mask instead, as on CUDA: kept elements scaled by 1 / 0.75,
+    about a quarter dropped, the gradient through the same mask."""
+    compiled = torch.compile(lambda t: dropout(t, 0.25), fullgraph=True)
+    torch.manual_seed(0)
+    x = torch.randn(64, 256, requires_grad=True)
+    y = compiled(x)
+    kept = y != 0
+    assert torch.allclose(y[kept], x[kept] / 0.75)
+    assert abs(kept.float().mean().item() - 0.75) < 0.01  # 16k draws: 4 standard deviations
+    y.sum().backward()
+    assert torch.allclose(x.grad, kept.float() / 0.75)
+
+
 def test_cpu_rate_is_rounded_to_16_bits_and_what_is_kept_is_scaled_by_it():
     x = torch.randn(4096)
     y = dropout(x, 0.1)  # 0.1 rounds to 6554 / 65536
