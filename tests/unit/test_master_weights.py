@@ -145,6 +145,31 @@ def test_slapo_tp_trains_in_bf16_as_with_autocast(monkeypatch, model, dec_seq_le
                                   "DeepSpeed train in bf16)")
 
 
+def test_slapo_tp_keeps_autocast_where_the_model_computes_its_own_loss(monkeypatch):
+    """WideResNet's schedule installs no loss (the model's own would be computed in bf16):
+    its Slapo-TP trains under autocast over fp32 parameters, as the baselines."""
+    import functools
+
+    from slapo_ae.harness.systems import slapo_tp
+    from slapo_ae.harness.worker import model_fields, step_batch
+
+    def bf16_on_cpu(self):
+        self.autocast_dtype, self.scaler = BF16, None
+
+    monkeypatch.setattr(NativeTrainer, "set_precision", bf16_on_cpu)
+    monkeypatch.setattr(slapo_tp, "scheduled_model", functools.partial(
+        slapo_tp.scheduled_model, trains_on=torch.device("cuda")))
+    spec = _spec("wideresnet-tiny")
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    system = slapo_tp.SlapoTPSystem(spec, ctx)
+    system.setup()
+    loss = system.train_step(step_batch(spec, model_fields(spec), system, 0))
+    assert torch.isfinite(loss)
+    assert system.master_weights is None
+    assert {p.dtype for p in system.model.parameters()} == {torch.float32}
+    assert system.precision() == "bf16 autocast over fp32 parameters (the master weights)"
+
+
 def _megatron(model: str, bf16: bool):
     """megatron-core's model on CPU, in bf16 (made to run there) or fp32: 3 steps' losses,
     the record's precision, the parameters' dtypes and the config's bf16 flag."""
