@@ -104,17 +104,13 @@ def test_slapo_systems_train_in_bf16_where_the_loss_is_float32_without_data_para
     assert not slapo_master_weights(system(model=without))  # its loss would be in bf16
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model, dec_seq_len", [
-    ("bert-tiny", 0), ("llama-tiny", 0), ("gpt-neo-tiny", 0), ("opt-tiny", 0), ("t5-tiny", 8)])
-def test_slapo_tp_trains_in_bf16_as_with_autocast(monkeypatch, model, dec_seq_len):
-    """The harness's Slapo-TP with its schedule's CUDA choices (compiled layers and loss:
-    Inductor on CPU), bf16 made to run on CPU: the whole model in bf16 gives every step's loss
-    within LOSS_TOLERANCE of autocast over fp32 parameters; the record says which."""
+@pytest.fixture
+def slapo_bf16_on_cpu(monkeypatch):
+    """The harness's Slapo systems in bf16 on CPU (16-bit is refused there), scheduled with
+    the CUDA choices: compiled layers and loss, Inductor on CPU."""
     import functools
 
     from slapo_ae.harness.systems import slapo_tp
-    from slapo_ae.harness.worker import model_fields, step_batch
 
     def bf16_on_cpu(self):
         self.autocast_dtype, self.scaler = BF16, None
@@ -122,6 +118,19 @@ def test_slapo_tp_trains_in_bf16_as_with_autocast(monkeypatch, model, dec_seq_le
     monkeypatch.setattr(NativeTrainer, "set_precision", bf16_on_cpu)
     monkeypatch.setattr(slapo_tp, "scheduled_model", functools.partial(
         slapo_tp.scheduled_model, trains_on=torch.device("cuda")))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, dec_seq_len", [
+    ("bert-tiny", 0), ("llama-tiny", 0), ("gpt-neo-tiny", 0), ("opt-tiny", 0), ("t5-tiny", 8)])
+def test_slapo_tp_trains_in_bf16_as_with_autocast(slapo_bf16_on_cpu, monkeypatch, model,
+                                                  dec_seq_len):
+    """The harness's Slapo-TP with its schedule's CUDA choices (compiled layers and loss:
+    Inductor on CPU), bf16 made to run on CPU: the whole model in bf16 gives every step's loss
+    within LOSS_TOLERANCE of autocast over fp32 parameters; the record says which."""
+    from slapo_ae.harness.systems import slapo_tp
+    from slapo_ae.harness.worker import model_fields, step_batch
+
     spec = _spec(model, dec_seq_len=dec_seq_len)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     runs = {}
@@ -145,20 +154,12 @@ def test_slapo_tp_trains_in_bf16_as_with_autocast(monkeypatch, model, dec_seq_le
                                   "DeepSpeed train in bf16)")
 
 
-def test_slapo_tp_keeps_autocast_where_the_model_computes_its_own_loss(monkeypatch):
+def test_slapo_tp_keeps_autocast_where_the_model_computes_its_own_loss(slapo_bf16_on_cpu):
     """WideResNet's schedule installs no loss (the model's own would be computed in bf16):
     its Slapo-TP trains under autocast over fp32 parameters, as the baselines."""
-    import functools
-
     from slapo_ae.harness.systems import slapo_tp
     from slapo_ae.harness.worker import model_fields, step_batch
 
-    def bf16_on_cpu(self):
-        self.autocast_dtype, self.scaler = BF16, None
-
-    monkeypatch.setattr(NativeTrainer, "set_precision", bf16_on_cpu)
-    monkeypatch.setattr(slapo_tp, "scheduled_model", functools.partial(
-        slapo_tp.scheduled_model, trains_on=torch.device("cuda")))
     spec = _spec("wideresnet-tiny")
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     system = slapo_tp.SlapoTPSystem(spec, ctx)

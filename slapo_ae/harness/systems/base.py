@@ -17,22 +17,24 @@ loss (a detached 0-dim tensor; the harness averages it over ranks after timing).
 
 Precision: fp32 everywhere on CPU (16-bit is refused as unsupported there). On CUDA the
 torch-native loops (:class:`NativeTrainer`) keep fp32 parameters (the master weights) and run
-the step under ``torch.autocast`` in fp16 (with a ``GradScaler``) or bf16; DeepSpeed systems
-use DeepSpeed's own fp16/bf16 settings, which also keep fp32 master weights. Every system's
-record states its policy (``precision``) and its optimizer (``optimizer``).
+the step under ``torch.autocast`` in fp16 (with a ``GradScaler``) or bf16, except where bf16
+trains the whole model in bf16 (below); DeepSpeed systems use DeepSpeed's own fp16/bf16
+settings, which also keep fp32 master weights. Every system's record states its policy
+(``precision``) and its optimizer (``optimizer``).
 
 Optimizer: ``torch.optim.AdamW`` for every system (:func:`adamw`), with its fused kernel on
 CUDA (one kernel over all parameters: the default foreach implementation was 13% of a step's
 GPU time on one H200) and torch's default on CPU (a for-loop there). The same for the
 baselines as for Slapo: the comparison is about the schedule, not the optimizer.
 
-Slapo's native systems (``slapo_tp.py``) train in bf16 on CUDA as Megatron-LM and DeepSpeed
-do: the whole model in bf16 with fp32 master copies that the optimizer steps, no autocast, the
-loss in float32 (:mod:`.master_weights`). The weights need no casts a step, and the residual
-stream, norms and activations move half the bytes (in the 62ef84e H100 profile of bert-large
-under autocast, Slapo-TP's casting kernels were 461 of its 2142 GPU commands a step and its
-residual-stream kernels about 11 ms of 92). The baselines keep autocast over fp32 parameters:
-what a user of HF and torch.compile picks. Not yet measured on a GPU.
+Slapo's native systems (``slapo_tp.py``) and the ``megatron`` baseline with tensor
+parallelism alone (``megatron.py``) train in bf16 on CUDA as Megatron-LM and DeepSpeed do: the
+whole model in bf16 with fp32 master copies that the optimizer steps, no autocast, the loss in
+float32 (:mod:`.master_weights`). The weights need no casts a step, and the residual stream,
+norms and activations move half the bytes (in the 62ef84e H100 profile of bert-large under
+autocast, Slapo-TP's casting kernels were 461 of its 2142 GPU commands a step and its
+residual-stream kernels about 11 ms of 92). The HF baselines keep autocast over fp32
+parameters: what a user of HF and torch.compile picks. Not yet measured on a GPU.
 """
 from __future__ import annotations
 

@@ -160,11 +160,10 @@ class MegatronSystem(TensorParallelTrainer):
             **recompute, **{**fields, **self.fusions()})
 
     def uses_master_weights(self) -> bool:
-        """bf16 without pipeline stages or data-parallel replicas: the whole model in bf16
-        with fp32 masters, as Megatron-LM trains (the module docstring); megatron-core's
-        losses upcast the logits to float32."""
-        return (self.autocast_dtype == torch.bfloat16 and self.pp_size == 1
-                and self.dp_size == 1)
+        """bf16: the whole model in bf16 with fp32 masters, as Megatron-LM trains (the module
+        docstring); megatron-core's losses upcast the logits to float32. Pipelines and
+        replicas (:mod:`.megatron_3d`) keep autocast."""
+        return self.autocast_dtype == torch.bfloat16
 
     def fusions(self) -> dict:
         """:func:`cuda_fusions` on CUDA, none on CPU; the record's note once."""
