@@ -117,6 +117,46 @@ def test_hf_liger_needs_a_gpu_and_liger_kernel(monkeypatch):
 
 
 @pytest.fixture
+def liger_source(tmp_path, monkeypatch):
+    """liger-kernel 0.8.5 installed as the parent process finds it: its package on the path,
+    whose import fails (the parent must read the table without importing liger-kernel).
+    Returns the file of the table."""
+    package = tmp_path / "liger_kernel"
+    (package / "transformers").mkdir(parents=True)
+    (package / "__init__.py").write_text('raise ImportError("liger-kernel was imported")\n')
+    (package / "transformers" / "__init__.py").write_text("")
+    table = package / "transformers" / "monkey_patch.py"
+    table.write_text("import torch\n\nMODEL_TYPE_TO_APPLY_LIGER_FN = {\n"
+                     '    "mistral": apply_liger_kernel_to_mistral,\n'
+                     '    "llama": apply_liger_kernel_to_llama,\n}\n')
+    metadata = tmp_path / "liger_kernel-0.8.5.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: liger-kernel\n"
+                                       "Version: 0.8.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return table
+
+
+def test_hf_liger_refuses_a_family_without_a_patch_before_a_rank_starts(liger_source):
+    """On one H100 (62ef84e) each refusal took 11-14 s of a 4-minute part: a rank started,
+    imported torch and liger-kernel, and asked its table. The parent reads the table from
+    liger-kernel's source instead, with the rank's reason."""
+    cuda = {"device": "cuda", "dtype": "bf16"}
+    assert support.liger_model_types() == ["mistral", "llama"]
+    with pytest.raises(Unsupported, match=r"^liger-kernel 0.8.5 has no kernels for bert models "
+                                          r"\(it patches: llama, mistral\)$"):
+        support.check(_spec("hf-liger", model="bert-tiny", **cuda))
+    support.check(_spec("hf-liger", model="llama-tiny", **cuda))
+    assert "liger_kernel" not in sys.modules
+    # a table that is not a dict with string keys in that file: the rank asks liger-kernel
+    liger_source.write_text("MODEL_TYPE_TO_APPLY_LIGER_FN = dict(llama=apply)\n")
+    assert support.liger_model_types() is None
+    support.check(_spec("hf-liger", model="bert-tiny", **cuda))
+    liger_source.unlink()
+    assert support.liger_model_types() is None
+
+
+@pytest.fixture
 def fake_liger(monkeypatch):
     """liger-kernel's table of patches, with one patch that records its call."""
     calls = []

@@ -16,8 +16,9 @@ and ``hf-liger``.
 table ``MODEL_TYPE_TO_APPLY_LIGER_FN``) with the patch's defaults (for LLaMA: RMSNorm, RoPE,
 SwiGLU and the fused linear cross entropy that never writes out the logits). A model type
 liger-kernel has no patch for (BERT, GPT-Neo, OPT, T5) is ``unsupported`` with that reason,
-and so is any CPU case: liger-kernel's kernels are Triton kernels for GPUs. It is an optional
-dependency (the ``gpu`` extra).
+decided in the parent from the table in liger-kernel's source before a rank starts
+(:func:`.support.liger_model_types`), and so is any CPU case: liger-kernel's kernels are
+Triton kernels for GPUs. It is an optional dependency (the ``gpu`` extra).
 
 On one rank this is the model in a plain AdamW loop. On N ranks it is wrapped in
 ``DistributedDataParallel``: each rank trains on ``batch / N`` samples and the gradients are
@@ -29,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .base import NativeTrainer, build_hf_model, checkpoint_every_layer
-from .support import NO_HF_SDPA, Unsupported
+from .support import NO_HF_SDPA, Unsupported, no_liger_kernels
 
 
 def wrap_data_parallel(model, ctx):
@@ -111,15 +112,11 @@ class HFLigerSystem(EagerSystem):
 def liger_patch(model_type: str):
     """liger-kernel's patch for ``model_type`` (a transformers model type);
     :class:`Unsupported` when it has none."""
-    import importlib.metadata
-
     from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
 
     apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
     if apply is None:
-        version = importlib.metadata.version("liger-kernel")
-        raise Unsupported(f"liger-kernel {version} has no kernels for {model_type} models "
-                          f"(it patches: {', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))})")
+        raise Unsupported(no_liger_kernels(model_type, MODEL_TYPE_TO_APPLY_LIGER_FN))
     return apply
 
 

@@ -8,7 +8,10 @@ case.
 """
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import importlib.util
+from pathlib import Path
 
 
 class Unsupported(Exception):
@@ -98,14 +101,54 @@ def _check_hf_sdpa(spec) -> None:
 
 
 def _check_hf_liger(spec) -> None:
-    # Which model types liger-kernel patches is asked of liger-kernel itself, in the rank
-    # (systems/eager.py): its table needs torch and Triton to import.
     if spec.case.device != "cuda":
         raise Unsupported("liger-kernel's kernels are Triton kernels for GPUs; they do not run "
                           "on CPU")
     if importlib.util.find_spec("liger_kernel") is None:
         raise Unsupported("liger-kernel is not installed (the project's 'gpu' extra: "
                           "pip install '.[gpu]')")
+    # The rank asks liger-kernel itself again (systems/eager.py), where its table is not
+    # readable here.
+    model_types = liger_model_types()
+    family = _family_of(spec.case)
+    if model_types is not None and family not in model_types:
+        raise Unsupported(no_liger_kernels(family, model_types))
+
+
+# liger-kernel's table of its patches, by transformers model type
+LIGER_TABLE = ("transformers/monkey_patch.py", "MODEL_TYPE_TO_APPLY_LIGER_FN")
+
+
+def liger_model_types() -> list[str] | None:
+    """The model types liger-kernel has patches for: the keys of its table, read from its
+    source without importing it (the import needs torch and Triton: with building the
+    system, about 12 s of each refusal on the device machines, 2026-12-06). None where the
+    table is not a dict of string keys in that file (the rank then asks the imported table)."""
+    found = importlib.util.find_spec("liger_kernel")
+    if found is None or not found.submodule_search_locations:
+        return None
+    file, name = LIGER_TABLE
+    try:
+        tree = ast.parse(Path(next(iter(found.submodule_search_locations)), file).read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if not any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            continue
+        if not isinstance(node.value, ast.Dict):
+            return None
+        keys = [key.value for key in node.value.keys
+                if isinstance(key, ast.Constant) and isinstance(key.value, str)]
+        return keys if len(keys) == len(node.value.keys) else None
+    return None
+
+
+def no_liger_kernels(model_type: str, model_types) -> str:
+    """The reason an hf-liger case of ``model_type`` is unsupported."""
+    return (f"liger-kernel {importlib.metadata.version('liger-kernel')} has no kernels for "
+            f"{model_type} models (it patches: {', '.join(sorted(model_types))})")
 
 
 def _check_torchscript(spec) -> None:
