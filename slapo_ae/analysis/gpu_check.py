@@ -106,6 +106,10 @@ GPU_COMMANDS = {"kernel launches": ("cudaLaunchKernel", "cudaLaunchKernelExC", "
                                     "cuLaunchKernelEx", "cudaLaunchCooperativeKernel",
                                     "cudaGraphLaunch"),
                 "memsets": ("cudaMemsetAsync",), "copies": ("cudaMemcpyAsync",)}
+# CUDA runtime calls in which the CPU waits for the GPU: at the harness's syncs between steps,
+# the lead the CPU's launches had over the GPU's work (a CPU that only just keeps ahead of
+# its GPU, as in a launch-bound step, waits little)
+SYNC_WAITS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 SETTLED = ("ok", "unsupported")  # a rerun keeps these records; failed and oom cases run again
 # A baseline with one of these outcomes is out of T1's comparison for a reason of its own; no
 # record or a failed one (a timeout included) leaves T1 unjudged.
@@ -376,8 +380,8 @@ def device_profile(folder, record) -> dict | None:
     """Rank 0's profile of ``record``'s case under ``folder/profiles/`` (``slapo-bench run
     --profile``), per profiled step: its wall time, all kernels' time and each operator's
     share of it, in milliseconds, each such operator's calls, and how many of each of
-    :data:`GPU_COMMANDS` it issued; None where there is none with device times (not
-    profiled, or profiled on CPU)."""
+    :data:`GPU_COMMANDS` it issued, and the CPU's wait in :data:`SYNC_WAITS`; None where
+    there is none with device times (not profiled, or profiled on CPU)."""
     path = Path(folder) / "profiles" / record.id / "rank0.ops.json"
     try:
         profile = json.loads(path.read_text())
@@ -394,7 +398,9 @@ def device_profile(folder, record) -> dict | None:
             "calls": {name: op["calls"] / steps for name, op in ops.items()
                       if op.get("self_device_us")},
             "commands": {kind: sum(ops[name]["calls"] for name in names if name in ops) / steps
-                         for kind, names in GPU_COMMANDS.items()}}
+                         for kind, names in GPU_COMMANDS.items()},
+            "sync_wait_ms": sum(ops[name].get("self_cpu_us", 0) for name in SYNC_WAITS
+                                if name in ops) / 1e3 / steps}
 
 
 def timed_step_ms(record) -> float | None:
@@ -425,7 +431,9 @@ def _kind_rows(profiles: dict, timed: dict) -> list[str]:
     rows += [row(label, [kinds[m][label] for m in modes], "{:.1f}") for label, _ in KERNEL_KINDS]
     rows += [row("other kernels", [profiles[m]["device_ms"] - sum(kinds[m].values())
                                    for m in modes], "{:.1f}"),
-             row("timed step less all kernels", [outside[m] for m in modes], "{:.1f}")]
+             row("timed step less all kernels", [outside[m] for m in modes], "{:.1f}"),
+             row("CPU waiting for the GPU at syncs, profiled",
+                 [profiles[m]["sync_wait_ms"] for m in modes], "{:.1f}")]
     rows += [row(f"{label}, calls", [of_kind(m, "calls", pattern) for m in modes], "{:.0f}")
              for label, pattern in KERNEL_KINDS]
     rows += [row(f"{kind}, count", [profiles[m]["commands"][kind] for m in modes], "{:.0f}")
@@ -461,8 +469,11 @@ def profile_lines(folder, records: dict) -> list[str]:
                   f"record; all kernels' time, by kind (from the operators that launched "
                   f"them; casts: Inductor's cast-only kernels), and the calls of each kind; "
                   f"the timed step less all kernels: time the GPU spent between kernels "
-                  f"or waiting for work, and the commands per step that put work on it (CUDA "
-                  f"runtime and driver calls), with that time per command; then the time of "
+                  f"or waiting for work; the CPU's wait at the syncs between the profiled "
+                  f"steps: the lead its launches had over the GPU (little where a step is "
+                  f"launch-bound; the profiler's overhead shortens it); the commands per step "
+                  f"that put work on the GPU (CUDA runtime and driver calls), with the time "
+                  f"outside kernels per command; then the time of "
                   f"the kernels each operator launched itself, for each system's "
                   f"{PROFILE_TOP_OPS} largest. Tables and traces: profiles/<case id>/.", "",
                   "| operator | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]

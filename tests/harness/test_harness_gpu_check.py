@@ -268,12 +268,13 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
     compiled.metrics.step_times, compiled.metrics.warmup_steps = [0.13, 0.13], 0
     profiles = [(slapo, {"aten::mm": 180e3, "aten::_cudnn_attention_backward": 30e3,
                          "aten::_fused_adamw_": 6e3, "aten::copy_": 40e3, "aten::add_": 2e3},
-                 {"cuLaunchKernel": 600, "cudaLaunchKernel": 200, "cudaMemsetAsync": 200}),
+                 {"cuLaunchKernel": 600, "cudaLaunchKernel": 200, "cudaMemsetAsync": 200},
+                 20e3),  # its CPU waited 20 ms at the syncs: 10 a step
                 (compiled, {"aten::mm": 170e3, "aten::addmm": 20e3,
                             "triton_red_fused_add_native_layer_norm_0": 30e3,
                             "triton_poi_fused__to_copy_t_3": 4e3,  # a cast (of a weight)
-                            "triton_poi_fused__to_copy_add_7": 2e3}, {})]  # not only a cast
-    for record, ops, calls in profiles:
+                            "triton_poi_fused__to_copy_add_7": 2e3}, {}, 0.0)]  # not only a cast
+    for record, ops, calls, waited_us in profiles:
         write_record(record, tmp_path / f"{record.id}.json")
         folder = tmp_path / "profiles" / record.id
         folder.mkdir(parents=True)
@@ -282,7 +283,9 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
             "ops": {**{name: {"calls": 8, "self_cpu_us": 1.0, "self_device_us": us}
                        for name, us in ops.items()},
                     **{name: {"calls": n, "self_cpu_us": 1.0, "self_device_us": 0}
-                       for name, n in calls.items()}}}))
+                       for name, n in calls.items()},
+                    "cudaDeviceSynchronize": {"calls": 3, "self_cpu_us": waited_us,
+                                              "self_device_us": 0}}}))
     cpu_profiled = rec("hf-sdpa", 200)  # a CPU profile has no kernel times: no column
     write_record(cpu_profiled, tmp_path / f"{cpu_profiled.id}.json")
     (tmp_path / "profiles" / cpu_profiled.id).mkdir()
@@ -305,6 +308,7 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
                     "| (casts) | 2.0 | 0.0 |",
                     "| (other kernels) | 21.0 | 26.0 |",
                     "| (timed step less all kernels) | 12.0 | 6.0 |",
+                    "| (CPU waiting for the GPU at syncs, profiled) | 0.0 | 10.0 |",
                     "| (matrix products, calls) | 8 | 4 |",
                     "| (attention, calls) | 0 | 4 |",
                     "| (optimizer, calls) | 0 | 4 |",
