@@ -90,6 +90,7 @@ H200_ANCHORS = {
 PROFILED_MODES = ("slapo-megatron", "hf-compile")
 PROFILE_STEPS = 2
 PROFILE_TOP_OPS = 12  # per system, in the summary's table
+PROFILE_TOP_COPIES = 5  # a profiled system's largest eager copies, by shapes
 # Kernel time by kind, from the operators that launched the kernels (the rest: Inductor's
 # other kernels, eager elementwise work, copies, the loss). Casts: Inductor's kernels that do
 # nothing but cast (autocast's weight and gradient casts among them), by their names.
@@ -380,8 +381,9 @@ def device_profile(folder, record) -> dict | None:
     """Rank 0's profile of ``record``'s case under ``folder/profiles/`` (``slapo-bench run
     --profile``), per profiled step: its wall time, all kernels' time and each operator's
     share of it, in milliseconds, each such operator's calls, and how many of each of
-    :data:`GPU_COMMANDS` it issued, and the CPU's wait in :data:`SYNC_WAITS`; None where
-    there is none with device times (not profiled, or profiled on CPU)."""
+    :data:`GPU_COMMANDS` it issued, the CPU's wait in :data:`SYNC_WAITS`, and its eager
+    copies (``aten::copy_``) by input shapes where the profile has them; None where there is
+    none with device times (not profiled, or profiled on CPU)."""
     path = Path(folder) / "profiles" / record.id / "rank0.ops.json"
     try:
         profile = json.loads(path.read_text())
@@ -400,7 +402,11 @@ def device_profile(folder, record) -> dict | None:
             "commands": {kind: sum(ops[name]["calls"] for name in names if name in ops) / steps
                          for kind, names in GPU_COMMANDS.items()},
             "sync_wait_ms": sum(ops[name].get("self_cpu_us", 0) for name in SYNC_WAITS
-                                if name in ops) / 1e3 / steps}
+                                if name in ops) / 1e3 / steps,
+            "copies": [{"shapes": row["input_shapes"], "calls": row["calls"] / steps,
+                        "ms": row["self_device_us"] / 1e3 / steps}
+                       for row in profile.get("by_shape", [])
+                       if row["op"] == "aten::copy_" and row.get("self_device_us")]}
 
 
 def timed_step_ms(record) -> float | None:
@@ -483,7 +489,29 @@ def profile_lines(folder, records: dict) -> list[str]:
                      for m in modes]
             shown = name if len(name) <= 70 else name[:67] + "..."
             lines.append(f"| `{shown}` | " + " | ".join(cells) + " |")
+        lines += _copy_lines(profiles)
     return lines
+
+
+def _copy_lines(profiles: dict) -> list[str]:
+    """Each profiled system's largest eager copies (``aten::copy_``: the tensors' shapes,
+    destination then source), per step: where a copy comes from is read from what it moved."""
+    lines = []
+    for mode, p in profiles.items():
+        copies = sorted((c for c in p["copies"] if len(c["shapes"]) >= 2),
+                        key=lambda c: c["ms"], reverse=True)[:PROFILE_TOP_COPIES]
+        if copies:
+            lines.append(f"- {mode}: " + "; ".join(
+                f"{_shape(c['shapes'][0])} <- {_shape(c['shapes'][1])}: {c['calls']:g} calls, "
+                f"{c['ms']:.2f} ms" for c in copies))
+    if lines:
+        lines = ["", "Eager copies (`aten::copy_`) by the shapes of the tensors, destination "
+                 "<- source, per step:", ""] + lines
+    return lines
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(n) for n in shape) + "]"
 
 
 def run(cfg, out, steps: int, warmup: int, dtype: str, device: str, deadline_s: float,

@@ -4,8 +4,9 @@ unprofiled).
 
 Each rank writes ``DIR/rank<R>.txt`` (its operators by self time, CPU and, on CUDA, device),
 ``DIR/rank<R>.ops.json`` (every operator's calls, self time and, where torch.profiler counts
-them (matrix products, element-wise ops), floating-point operations from the shapes; and the
-steps profiled: what :mod:`slapo_ae.analysis.gaps` compares) and ``DIR/rank<R>.trace.json``
+them (matrix products, element-wise ops), floating-point operations from the shapes; the
+steps profiled: what :mod:`slapo_ae.analysis.gaps` compares; and ``by_shape``, the largest
+operators by input shapes, which tell where an eager copy comes from) and ``DIR/rank<R>.trace.json``
 (a Chrome trace, for ``chrome://tracing`` or Perfetto), and returns a short summary that goes
 into the record (``metrics.extra.profile``): the profiled wall time, the self time of
 collectives and of the top operators (on CUDA their kernels' time too, ``self_device_us``).
@@ -28,6 +29,7 @@ COLLECTIVE = re.compile(r"c10d::|gloo|nccl|record_param_comms|all_?reduce|all_?g
                         re.IGNORECASE)
 TOP_OPS = 15
 TABLE_ROWS = 60
+SHAPED_ROWS = 40  # of ops.json's by_shape
 
 
 class StepProfiler:
@@ -46,8 +48,9 @@ class StepProfiler:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        # FLOPs need the ops' shapes: they tell more matmul work from slower matmuls
-        self.prof = profile(activities=activities, with_flops=True)
+        # FLOPs need the ops' shapes: they tell more matmul work from slower matmuls; the
+        # shapes themselves tell which tensors an operator such as an eager copy moved
+        self.prof = profile(activities=activities, with_flops=True, record_shapes=True)
         self.prof.__enter__()
         self.began = time.perf_counter()
 
@@ -69,8 +72,9 @@ class StepProfiler:
                                                                   row_limit=TABLE_ROWS))
         self.prof.export_chrome_trace(str(out / f"rank{self.rank}.trace.json"))
         table = operators(averages, self.cuda)
+        shaped = shaped_operators(self.prof.key_averages(group_by_input_shape=True), self.cuda)
         (out / f"rank{self.rank}.ops.json").write_text(json.dumps(
-            {"steps": self.steps, "wall_us": wall_us, **table}, indent=1))
+            {"steps": self.steps, "wall_us": wall_us, **table, "by_shape": shaped}, indent=1))
         return summarize(averages, wall_us, table)
 
 
@@ -98,6 +102,20 @@ def operators(averages, cuda: bool) -> dict:
         return {"ops": ops}
     kernels = (e for e in averages if not _on_cpu(e) and not e.is_user_annotation)
     return {"ops": ops, "device_us": sum(e.self_device_time_total for e in kernels)}
+
+
+def shaped_operators(averages, cuda: bool) -> list[dict]:
+    """The :data:`SHAPED_ROWS` largest CPU-side operators by input shapes (``averages`` from
+    ``key_averages(group_by_input_shape=True)``), by the time of the kernels each launched
+    itself on CUDA, by self CPU time on CPU: each row's operator, input shapes (one list per
+    input, empty for a non-tensor), calls and times."""
+    time = "self_device_time_total" if cuda else "self_cpu_time_total"
+    rows = sorted((e for e in averages if _on_cpu(e)), key=lambda e: getattr(e, time),
+                  reverse=True)
+    return [{"op": e.key, "input_shapes": [list(shape) for shape in e.input_shapes],
+             "calls": e.count, "self_cpu_us": e.self_cpu_time_total,
+             **({"self_device_us": e.self_device_time_total} if cuda else {})}
+            for e in rows[:SHAPED_ROWS]]
 
 
 def summarize(averages, wall_us: float, table: dict) -> dict:

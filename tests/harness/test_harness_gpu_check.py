@@ -285,7 +285,19 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
                     **{name: {"calls": n, "self_cpu_us": 1.0, "self_device_us": 0}
                        for name, n in calls.items()},
                     "cudaDeviceSynchronize": {"calls": 3, "self_cpu_us": waited_us,
-                                              "self_device_us": 0}}}))
+                                              "self_device_us": 0}},
+            # slapo-megatron's operators by input shapes: two copies that ran kernels, one that
+            # ran none (left out), a product (not a copy)
+            "by_shape": [
+                {"op": "aten::copy_", "input_shapes": [[8, 1024, 2048], [8, 1024, 2048], []],
+                 "calls": 48, "self_cpu_us": 1.0, "self_device_us": 30e3},
+                {"op": "aten::copy_", "input_shapes": [[4096], [4096], []], "calls": 2,
+                 "self_cpu_us": 1.0, "self_device_us": 10e3},
+                {"op": "aten::copy_", "input_shapes": [[2], [2], []], "calls": 2,
+                 "self_cpu_us": 1.0, "self_device_us": 0.0},
+                {"op": "aten::mm", "input_shapes": [[8, 8], [8, 8]], "calls": 8,
+                 "self_cpu_us": 1.0, "self_device_us": 180e3}]
+            if "aten::copy_" in ops else []}))
     cpu_profiled = rec("hf-sdpa", 200)  # a CPU profile has no kernel times: no column
     write_record(cpu_profiled, tmp_path / f"{cpu_profiled.id}.json")
     (tmp_path / "profiles" / cpu_profiled.id).mkdir()
@@ -326,6 +338,10 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
                     "| `aten::_cudnn_attention_backward` | - | 15.00 |",
                     "| `aten::_fused_adamw_` | - | 3.00 |",
                     "| `aten::add_` | - | 1.00 |"]
+    # the copies by shape, per step; hf-compile's profile has none
+    copies = section[section.index("Eager copies (`aten::copy_`)"):].splitlines()
+    assert copies[2:] == ["- slapo-megatron: [8, 1024, 2048] <- [8, 1024, 2048]: 24 calls, "
+                          "15.00 ms; [4096] <- [4096]: 1 calls, 5.00 ms"]
 
 
 CFG = """\

@@ -19,6 +19,10 @@ def test_each_rank_writes_its_operator_table_and_the_record_summarises_it(tmp_pa
         assert ops["steps"] == 3  # the timed steps only
         assert ops["ops"]["aten::mm"]["calls"] > 0
         assert ops["ops"]["aten::mm"]["flops"] > 0  # from the shapes (gaps' matmul rate)
+        # by input shapes too: bert-tiny's products read [rows, 64] activations
+        shaped = [row for row in ops["by_shape"] if row["op"] == "aten::mm"]
+        assert shaped and all(len(row["input_shapes"]) == 2 for row in shaped)
+        assert any(64 in row["input_shapes"][0] for row in shaped), shaped
         assert any("allreduce" in name for name in ops["ops"])  # tensor parallelism talks
         assert "aten::mm" in (prof / f"rank{rank}.txt").read_text()
         assert (prof / f"rank{rank}.trace.json").stat().st_size > 0

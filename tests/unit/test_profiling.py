@@ -6,14 +6,14 @@ from types import SimpleNamespace
 
 from torch.autograd import DeviceType
 
-from slapo_ae.harness.profiling import operators, summarize
+from slapo_ae.harness.profiling import operators, shaped_operators, summarize
 
 
 def event(key, cpu_us=0.0, device_us=0.0, device=DeviceType.CPU, annotation=False, flops=0,
-          calls=1):
+          calls=1, shapes=()):
     return SimpleNamespace(key=key, count=calls, self_cpu_time_total=cpu_us,
                            self_device_time_total=device_us, flops=flops, device_type=device,
-                           is_user_annotation=annotation)
+                           is_user_annotation=annotation, input_shapes=list(shapes))
 
 
 EVENTS = [
@@ -47,3 +47,24 @@ def test_cpu_profiles_keep_their_shape():
     table = operators(cpu, cuda=False)
     assert set(table) == {"ops"} and "self_device_us" not in table["ops"]["aten::mm"]
     assert "top_device_ops" not in summarize(cpu, wall_us=100, table=table)
+
+
+def test_operators_by_input_shape_tell_one_copy_from_another():
+    """``key_averages(group_by_input_shape=True)`` lists an operator once per input shapes;
+    ops.json's ``by_shape`` keeps the largest CPU-side rows, by kernel time on CUDA."""
+    shaped = [
+        event("aten::copy_", cpu_us=5, device_us=2100, calls=24,
+              shapes=[[8, 1024, 2048], [8, 1024, 2048], []]),
+        event("aten::copy_", cpu_us=50, device_us=10, calls=4, shapes=[[16], [16], []]),
+        event("unrolled_elementwise_kernel", device_us=2110, device=DeviceType.CUDA, calls=28),
+        event("aten::empty", cpu_us=3, shapes=[[], [], []]),
+    ]
+    rows = shaped_operators(shaped, cuda=True)
+    assert [row["input_shapes"] for row in rows] == [[[8, 1024, 2048], [8, 1024, 2048], []],
+                                                     [[16], [16], []], [[], [], []]]
+    assert rows[0] == {"op": "aten::copy_", "input_shapes": [[8, 1024, 2048], [8, 1024, 2048],
+                                                               []],
+                       "calls": 24, "self_cpu_us": 5, "self_device_us": 2100}
+    on_cpu = shaped_operators(shaped, cuda=False)  # by self CPU time, no device times
+    assert [row["self_cpu_us"] for row in on_cpu] == [50, 5, 3]
+    assert all("self_device_us" not in row for row in on_cpu)
