@@ -109,8 +109,8 @@ def shaped_operators(averages, cuda: bool) -> list[dict]:
     ``key_averages(group_by_input_shape=True)``), by the time of the kernels each launched
     itself on CUDA, by self CPU time on CPU: each row's operator, input shapes (one list per
     input, empty for a non-tensor), calls and times."""
-    time = "self_device_time_total" if cuda else "self_cpu_time_total"
-    rows = sorted((e for e in averages if _on_cpu(e)), key=lambda e: getattr(e, time),
+    measure = "self_device_time_total" if cuda else "self_cpu_time_total"
+    rows = sorted((e for e in averages if _on_cpu(e)), key=lambda e: getattr(e, measure),
                   reverse=True)
     return [{"op": e.key, "input_shapes": [list(shape) for shape in e.input_shapes],
              "calls": e.count, "self_cpu_us": e.self_cpu_time_total,

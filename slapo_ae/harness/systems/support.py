@@ -107,8 +107,8 @@ def _check_hf_liger(spec) -> None:
     if importlib.util.find_spec("liger_kernel") is None:
         raise Unsupported("liger-kernel is not installed (the project's 'gpu' extra: "
                           "pip install '.[gpu]')")
-    # The rank asks liger-kernel itself again (systems/eager.py), where its table is not
-    # readable here.
+    # Read from liger-kernel's source here; the rank asks the imported table again
+    # (systems/eager.py), which decides where the source could not be read.
     model_types = liger_model_types()
     family = _family_of(spec.case)
     if model_types is not None and family not in model_types:
@@ -121,9 +121,9 @@ LIGER_TABLE = ("transformers/monkey_patch.py", "MODEL_TYPE_TO_APPLY_LIGER_FN")
 
 def liger_model_types() -> list[str] | None:
     """The model types liger-kernel has patches for: the keys of its table, read from its
-    source without importing it (the import needs torch and Triton: with building the
-    system, about 12 s of each refusal on the device machines, 2026-12-06). None where the
-    table is not a dict of string keys in that file (the rank then asks the imported table)."""
+    source without importing it (the import needs torch and Triton: a rank started to refuse
+    a case so took 11-14 s of each one-GPU check part at 62ef84e). None where the table is
+    not a dict with string keys in that file (the rank then asks the imported table)."""
     found = importlib.util.find_spec("liger_kernel")
     if found is None or not found.submodule_search_locations:
         return None
