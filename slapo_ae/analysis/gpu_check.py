@@ -354,13 +354,18 @@ def judge(folder) -> list[Verdict]:
                                              else f"{v.value:.2f}x")
         needed = f"{v.threshold:.0%}" if v.target in percent else f"{v.threshold:g}x"
         lines.append(f"| {v.model} | {v.target} | {v.verdict} | {value} | {needed} | {v.detail} |")
-    lines += ["", "| model | mode | status | samples/s | TFLOPS | MFU | peak GiB | "
-              "H200 anchor |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines += ["", "Step ms: the median timed step; CPU wait ms: rank 0's median wait in the "
+              "synchronize that closes a timed step, the lead the CPU's launches had over the "
+              "GPU (near 0: the CPU's launches bound the step).",
+              "", "| model | mode | status | samples/s | TFLOPS | MFU | peak GiB | step ms | "
+              "CPU wait ms | H200 anchor |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (model, mode), r in sorted(records.items()):
         m = r.metrics
+        step, wait = timed_step_ms(r), timed_sync_wait_ms(r)
         cells = ([f"{m.samples_per_s:.4g}", f"{m.tflops_per_gpu:.4g}",
-                  "-" if m.mfu is None else f"{m.mfu:.1%}",
-                  f"{_peak(r) / 2**30:.1f}"] if r.status == "ok" else ["-"] * 4)
+                  "-" if m.mfu is None else f"{m.mfu:.1%}", f"{_peak(r) / 2**30:.1f}",
+                  "-" if step is None else f"{step:.1f}", "-" if wait is None else f"{wait:.1f}"]
+                 if r.status == "ok" else ["-"] * 6)
         cells.append(str(H200_ANCHORS.get((model, mode), "-")))
         lines.append(f"| {model} | {mode} | {r.status} | " + " | ".join(cells) + " |")
     lines += ["", "## What each system ran (from its record)", ""]
@@ -415,9 +420,18 @@ def timed_step_ms(record) -> float | None:
     return statistics.median(timed) * 1e3 if timed else None
 
 
-def _kind_rows(profiles: dict, timed: dict) -> list[str]:
+def timed_sync_wait_ms(record) -> float | None:
+    """Rank 0's median wait at the synchronize closing each timed step, in ms (the record's
+    ``sync_wait_s``: CUDA only); None where the record has none."""
+    waits = (record.metrics.extra or {}).get("sync_wait_s")
+    timed = waits[0][record.metrics.warmup_steps or 0:] if waits else None
+    return statistics.median(timed) * 1e3 if timed else None
+
+
+def _kind_rows(profiles: dict, timed: dict, waits: dict) -> list[str]:
     """The rows of the profile table before its operators: the timed step, the kernels by
-    kind, the time outside kernels and the commands that put work on the GPU."""
+    kind, the time outside kernels, the CPU's lead and the commands that put work on the
+    GPU."""
     def row(label, values, fmt):
         return f"| ({label}) | " + " | ".join("-" if v is None else fmt.format(v)
                                             for v in values) + " |"
@@ -439,7 +453,9 @@ def _kind_rows(profiles: dict, timed: dict) -> list[str]:
                                    for m in modes], "{:.1f}"),
              row("timed step less all kernels", [outside[m] for m in modes], "{:.1f}"),
              row("CPU waiting for the GPU at syncs, profiled",
-                 [profiles[m]["sync_wait_ms"] for m in modes], "{:.1f}")]
+                 [profiles[m]["sync_wait_ms"] for m in modes], "{:.1f}"),
+             row("CPU waiting for the GPU at the step's end, median, unprofiled",
+                 [waits[m] for m in modes], "{:.1f}")]
     rows += [row(f"{label}, calls", [of_kind(m, "calls", pattern) for m in modes], "{:.0f}")
              for label, pattern in KERNEL_KINDS]
     rows += [row(f"{kind}, count", [profiles[m]["commands"][kind] for m in modes], "{:.0f}")
@@ -462,6 +478,7 @@ def profile_lines(folder, records: dict) -> list[str]:
             continue
         profiles = {mode: p for mode, (_, p) in profiled.items()}
         timed = {mode: timed_step_ms(r) for mode, (r, _) in profiled.items()}
+        waits = {mode: timed_sync_wait_ms(r) for mode, (r, _) in profiled.items()}
         top = []
         for p in profiles.values():
             for name in sorted(p["ops"], key=p["ops"].get, reverse=True)[:PROFILE_TOP_OPS]:
@@ -477,13 +494,14 @@ def profile_lines(folder, records: dict) -> list[str]:
                   f"the timed step less all kernels: time the GPU spent between kernels "
                   f"or waiting for work; the CPU's wait at the syncs between the profiled "
                   f"steps: the lead its launches had over the GPU (little where a step is "
-                  f"launch-bound; the profiler's overhead shortens it); the commands per step "
+                  f"launch-bound; the profiler's overhead shortens it), and the same wait "
+                  f"closing the timed steps, unprofiled, from the record; the commands per step "
                   f"that put work on the GPU (CUDA runtime and driver calls), with the time "
                   f"outside kernels per command; then the time of "
                   f"the kernels each operator launched itself, for each system's "
                   f"{PROFILE_TOP_OPS} largest. Tables and traces: profiles/<case id>/.", "",
                   "| operator | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]
-        lines += _kind_rows(profiles, timed)
+        lines += _kind_rows(profiles, timed, waits)
         for name in top:
             cells = [f"{profiles[m]['ops'][name]:.2f}" if name in profiles[m]["ops"] else "-"
                      for m in modes]

@@ -133,10 +133,12 @@ def step_batch(spec: RunSpec, fields: dict, system, step: int, device="cpu") -> 
     return {k: v[lo:lo + micro].to(device) for k, v in full.items()}
 
 
-def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict | None, list]:
+def train(system, spec: RunSpec, ctx,
+          timeline: dict) -> tuple[list, list, dict | None, list, list | None]:
     """Run every step; return (this rank's loss tensors, step times in s, its profile
     summary when ``spec.profile_dir`` asks for one, its memory in use in bytes at
-    :func:`~slapo_ae.harness.metrics.memory_sample_steps`, None where unmeasured)."""
+    :func:`~slapo_ae.harness.metrics.memory_sample_steps`, None where unmeasured, and on CUDA
+    the seconds each step's closing synchronize waited, else None)."""
     import torch
 
     from slapo_ae.harness.metrics import memory_in_use_bytes, memory_sample_steps
@@ -149,6 +151,10 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
     profiler = StepProfiler(spec.profile_dir, ctx.rank,
                             steps if spec.profile_after else spec.case.warmup, cuda)
     losses, times = [], []
+    # The host's wait at the synchronize that closes a step: how far its launches led the GPU
+    # when it had issued the step (near 0: the host's launches bound the step). Unprofiled,
+    # unlike the profile's syncs, whose overhead shortens the lead.
+    sync_waits = [] if cuda else None
     sample_at, memory = memory_sample_steps(steps, spec.case.warmup), []
     for step in range(steps):
         for _ in range(sample_at[:-1].count(step)):  # (the first two coincide at 1 timed step)
@@ -165,7 +171,9 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
         start = time.perf_counter()
         loss = system.train_step(batch)
         if cuda:
+            issued = time.perf_counter()
             torch.cuda.synchronize(ctx.device)
+            sync_waits.append(time.perf_counter() - issued)
         times.append(time.perf_counter() - start)
         profiler.step_finished()
         if step == 0:
@@ -185,7 +193,7 @@ def train(system, spec: RunSpec, ctx, timeline: dict) -> tuple[list, list, dict 
         profiler.step_finished()
     if spec.profile_after and ctx.rank == 0:
         log(0, f"{spec.profile_after} more step(s) profiled, untimed")
-    return losses, times, profiler.finish(), memory
+    return losses, times, profiler.finish(), memory, sync_waits
 
 
 def measured_attention_kernels() -> list[dict]:
@@ -268,6 +276,10 @@ def build_record(spec: RunSpec, system, ctx, losses: list[float], gathered: list
         # CPU, allocated on CUDA): a leak grows it in both halves
         "memory_in_use_bytes": memory,
         "attention_kernels": attention_kernels or None,  # rank 0's (slapo.op.sdpa_backend)
+        # per rank, per step (CUDA; None on CPU): the host's wait at the step's closing
+        # synchronize, the lead its launches had over the GPU
+        "sync_wait_s": ([r["sync_waits"] for r in gathered]
+                        if gathered[0].get("sync_waits") is not None else None),
         "launch_to_first_step_s": (first - spec.launch_time
                                    if first and spec.launch_time else None),
     }
@@ -359,7 +371,8 @@ def run(spec: RunSpec) -> int:
             log(rank, f"{spec.case.mode} set up in {timeline['setup_done'] - _T0:.1f} s "
                       f"(dp {system.dp_size}, tp {system.tp_size}); "
                       f"training {spec.case.steps} steps")
-            local_losses, times, profile, memory = train(system, spec, ctx, timeline)
+            local_losses, times, profile, memory, sync_waits = train(system, spec, ctx,
+                                                                     timeline)
         except Unsupported as err:
             reason = str(err)
             log(rank, f"unsupported: {reason}")
@@ -375,7 +388,7 @@ def run(spec: RunSpec) -> int:
         losses = (losses / world).tolist()
         mine = {"peak_mem": metrics.peak_memory_bytes(device), "params": system.params_on_rank(),
                 "step_times": times, "timeline": timeline, "threads": threads.threads_in_use(),
-                "profile": profile, "memory": memory}
+                "profile": profile, "memory": memory, "sync_waits": sync_waits}
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:

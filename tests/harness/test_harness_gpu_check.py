@@ -222,7 +222,10 @@ def test_judge_writes_the_summary(tmp_path):
     slapo = rec("slapo-megatron", 330, mfu=0.5)
     slapo.metrics.extra.update(precision="bf16 autocast over fp32 parameters (the master weights)",
                                optimizer="torch.optim.adamw.AdamW (fused)",
-                               notes=["Slapo kernels on cuda: layers: one region each"])
+                               notes=["Slapo kernels on cuda: layers: one region each"],
+                               # rank 0's waits at the steps' closing syncs: 4 and 6 ms timed
+                               sync_wait_s=[[0.5, 0.004, 0.006]])
+    slapo.metrics.step_times, slapo.metrics.warmup_steps = [0.9, 0.096, 0.098], 1
     for r in (slapo, rec("hf-sdpa", 200), rec("hf-compile", 190),
               rec("hf-liger", status="unsupported"), rec("megatron", 100)):
         write_record(r, tmp_path / f"{r.id}.json")
@@ -233,8 +236,10 @@ def test_judge_writes_the_summary(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "| bert-large-uncased | T1 | PASS | 1.65x | 1.1x |" in text
     assert "| bert-large-uncased | L | PASS | 0.0% | 1% |" in text
-    assert "| bert-large-uncased | slapo-megatron | ok | 330 | 330 | 50.0% | 1.0 | - |" in text
-    assert "| bert-large-uncased | hf-sdpa | ok | 200 | 200 | - | 1.0 | 271 |" in text
+    assert ("| bert-large-uncased | slapo-megatron | ok | 330 | 330 | 50.0% | 1.0 | 97.0 | 5.0 "
+            "| - |") in text
+    # a record without step times or waits (CPU ranks have no waits)
+    assert "| bert-large-uncased | hf-sdpa | ok | 200 | 200 | - | 1.0 | - | - | 271 |" in text
     # what each system ran, from its record
     assert ("- bert-large-uncased, slapo-megatron: precision: bf16 autocast over fp32 "
             "parameters (the master weights); optimizer: torch.optim.adamw.AdamW (fused); "
@@ -265,6 +270,7 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
     slapo, compiled = rec("slapo-megatron", 330), rec("hf-compile", 300)
     # the timed steps' medians: 140 ms (the 900 ms warm-up left out) and 130 ms
     slapo.metrics.step_times, slapo.metrics.warmup_steps = [0.9, 0.13, 0.14, 0.15], 1
+    slapo.metrics.extra["sync_wait_s"] = [[0.8, 0.03, 0.02, 0.04]]  # unprofiled: 30 ms timed
     compiled.metrics.step_times, compiled.metrics.warmup_steps = [0.13, 0.13], 0
     profiles = [(slapo, {"aten::mm": 180e3, "aten::_cudnn_attention_backward": 30e3,
                          "aten::_fused_adamw_": 6e3, "aten::copy_": 40e3, "aten::add_": 2e3},
@@ -321,6 +327,8 @@ def test_the_summary_sets_the_profiled_systems_side_by_side(tmp_path):
                     "| (other kernels) | 21.0 | 26.0 |",
                     "| (timed step less all kernels) | 12.0 | 6.0 |",
                     "| (CPU waiting for the GPU at syncs, profiled) | 0.0 | 10.0 |",
+                    "| (CPU waiting for the GPU at the step's end, median, unprofiled) | - | "
+                    "30.0 |",
                     "| (matrix products, calls) | 8 | 4 |",
                     "| (attention, calls) | 0 | 4 |",
                     "| (optimizer, calls) | 0 | 4 |",

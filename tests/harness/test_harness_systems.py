@@ -56,6 +56,7 @@ def test_system_writes_a_valid_record(records, name):
     assert all(len(r) == 3 and min(r) > 50e6 for r in memory["ranks"]), memory
     assert not any("memory grew" in note for note in m.extra["notes"])  # no leak
     assert m.extra["attention_kernels"] is None  # measured on CUDA only (slapo.op.sdpa_backend)
+    assert m.extra["sync_wait_s"] is None  # a CPU step ends with its work: no lead to measure
     assert len(m.params) == 2 and min(m.params) > 0
     assert record.env["device_name"].startswith("cpu") and record.env["world_size"] == 2
     assert record.env["backend"] == "gloo" and record.env["torch"]
