@@ -356,7 +356,8 @@ def judge(folder) -> list[Verdict]:
         lines.append(f"| {v.model} | {v.target} | {v.verdict} | {value} | {needed} | {v.detail} |")
     lines += ["", "Step ms: the median timed step; CPU wait ms: rank 0's median wait in the "
               "synchronize that closes a timed step, the lead the CPU's launches had over the "
-              "GPU (near 0: the CPU's launches bound the step).",
+              "GPU (near 0: the CPU's launches bound the step, or the step waited for the GPU "
+              "itself near its end).",
               "", "| model | mode | status | samples/s | TFLOPS | MFU | peak GiB | step ms | "
               "CPU wait ms | H200 anchor |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (model, mode), r in sorted(records.items()):

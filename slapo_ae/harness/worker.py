@@ -152,8 +152,9 @@ def train(system, spec: RunSpec, ctx,
                             steps if spec.profile_after else spec.case.warmup, cuda)
     losses, times = [], []
     # The host's wait at the synchronize that closes a step: how far its launches led the GPU
-    # when it had issued the step (near 0: the host's launches bound the step). Unprofiled,
-    # unlike the profile's syncs, whose overhead shortens the lead.
+    # when it had issued the step (near 0: the host's launches bound the step, or the step
+    # read a value back near its end). Unprofiled, unlike the profile's syncs, whose overhead
+    # shortens the lead.
     sync_waits = [] if cuda else None
     sample_at, memory = memory_sample_steps(steps, spec.case.warmup), []
     for step in range(steps):
