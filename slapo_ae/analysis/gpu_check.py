@@ -415,18 +415,23 @@ def device_profile(folder, record) -> dict | None:
                        if row["op"] == "aten::copy_" and row.get("self_device_us")]}
 
 
+def _timed_median_ms(record, per_step_s) -> float | None:
+    """The median of per-step seconds over ``record``'s timed steps (warm-up left out), in
+    ms; None where there are none."""
+    timed = (per_step_s or [])[record.metrics.warmup_steps or 0:]
+    return statistics.median(timed) * 1e3 if timed else None
+
+
 def timed_step_ms(record) -> float | None:
     """The median of a record's timed steps (warm-up left out, no profiler), in ms."""
-    timed = record.metrics.step_times[record.metrics.warmup_steps or 0:]
-    return statistics.median(timed) * 1e3 if timed else None
+    return _timed_median_ms(record, record.metrics.step_times)
 
 
 def timed_sync_wait_ms(record) -> float | None:
     """Rank 0's median wait at the synchronize closing each timed step, in ms (the record's
     ``sync_wait_s``: CUDA only); None where the record has none."""
     waits = (record.metrics.extra or {}).get("sync_wait_s")
-    timed = waits[0][record.metrics.warmup_steps or 0:] if waits else None
-    return statistics.median(timed) * 1e3 if timed else None
+    return _timed_median_ms(record, waits[0] if waits else None)
 
 
 def _kind_rows(profiles: dict, timed: dict, waits: dict) -> list[str]:
