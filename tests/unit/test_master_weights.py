@@ -80,10 +80,11 @@ def test_an_fp32_master_takes_over_the_parameters_storage():
     assert weights.describe().startswith("bfloat16 parameters (2 tensors) with fp32 master")
 
 
-def _spec(model="bert-tiny", mode="slapo-megatron", dtype="bf16", dec_seq_len=0):
+def _spec(model="bert-tiny", mode="slapo-megatron", dtype="bf16", dec_seq_len=0,
+          no_dropout=False):
     case = Case(mode=mode, model=model, gpus=1, seq_len=16, dec_seq_len=dec_seq_len,
                 batch_size=4, batch_expr="4", ckpt=0.0, steps=3, warmup=1, device="cpu",
-                dtype=dtype)
+                dtype=dtype, no_dropout=no_dropout)
     return RunSpec(case=case, out="r.json")
 
 
@@ -171,19 +172,25 @@ def test_slapo_tp_keeps_autocast_where_the_model_computes_its_own_loss(slapo_bf1
     assert system.precision() == "bf16 autocast over fp32 parameters (the master weights)"
 
 
-def _megatron(model: str, bf16: bool):
-    """megatron-core's model on CPU, in bf16 (made to run there) or fp32: 3 steps' losses,
-    the record's precision, the parameters' dtypes and the config's bf16 flag."""
+def _megatron(model: str, bf16: bool, fused: bool = False):
+    """megatron-core's model on CPU, in bf16 (made to run there) or fp32, with the fusions
+    it has on CUDA or none (as on CPU): 3 steps' losses, the record's precision, the
+    parameters' dtypes and the config's bf16 flag. Fused, dropout is off: the fused dropout
+    draws other masks."""
     from megatron.core import parallel_state
 
-    from slapo_ae.harness.systems.megatron import MegatronSystem
+    from slapo_ae.harness.systems.megatron import MegatronSystem, cuda_fusions
     from slapo_ae.harness.worker import model_fields, step_batch
 
     class OnCPU(MegatronSystem):
         def set_precision(self):
             self.autocast_dtype, self.scaler = (BF16 if bf16 else None), None
 
-    spec = _spec(model, mode="megatron", dec_seq_len=8 if model.startswith("t5") else 0)
+        def fusions(self):
+            return cuda_fusions(self.family, fp32_weights=not bf16)[0] if fused else {}
+
+    spec = _spec(model, mode="megatron", dec_seq_len=8 if model.startswith("t5") else 0,
+                 no_dropout=fused)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     system = OnCPU(spec, ctx)
     system.setup()
@@ -217,6 +224,28 @@ def test_megatron_trains_in_bf16_as_megatron_lm_does(model):
     assert bf16[2:] == ({BF16}, True) and fp32[2:] == ({torch.float32}, False)
     assert bf16[1].startswith("bfloat16 parameters (") and "no autocast" in bf16[1]
     assert fp32[1] == "fp32"
+
+
+def _megatron_fused_bf16_and_fp32(model):
+    return _megatron(model, bf16=True, fused=True), _megatron(model, bf16=False, fused=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["bert-tiny", "llama-tiny", "gpt-neo-tiny"])
+def test_megatrons_cuda_fusions_run_on_the_bf16_model(model):
+    """What the one-GPU check runs: megatron-core's CUDA fusions (its jit fuser is
+    torch.compile, which runs on CPU too) on the whole model in bf16, against the same fused
+    model in fp32: every step's loss within LOSS_TOLERANCE."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from distributed import run_ranks
+
+    bf16, fp32 = run_ranks(_megatron_fused_bf16_and_fp32, model, world_size=1)[0]
+    assert bf16[0] == pytest.approx(fp32[0], rel=LOSS_TOLERANCE)
+    assert bf16[0] != fp32[0]  # it did run in bf16
+    assert bf16[2:] == ({BF16}, True)
 
 
 def test_megatrons_rms_norm_note_only_under_autocast():
