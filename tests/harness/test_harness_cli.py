@@ -187,6 +187,14 @@ def _moment_reached(proc, moment: str, out: Path, stderr: list[str]) -> None:
     raise AssertionError(f"no {moment} after 120 s")
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """SIGINT at its default in the harness, as a terminal's foreground job has it. A test run
+    started in the background by a shell without job control inherits SIGINT ignored, and
+    Python keeps an ignored SIGINT until the harness sets its handler: a Ctrl-C before then
+    would be lost, and the run would go on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _processes_naming(text: str) -> list[str]:
     found = []
     for proc_dir in Path("/proc").glob("[0-9]*"):
@@ -220,7 +228,7 @@ def test_ctrl_c_in_the_first_moments_is_one_line_and_leaves_no_rank(tmp_path, mo
            "--device", "cpu", "--mode", "eager", "--model", "bert-tiny", *long_run,
            "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal)
     stderr: list[str] = []
     try:
         _moment_reached(proc, moment, out, stderr)
