@@ -175,8 +175,9 @@ def test_slapo_tp_keeps_autocast_where_the_model_computes_its_own_loss(slapo_bf1
 def _megatron(model: str, bf16: bool, fused: bool = False):
     """megatron-core's model on CPU, in bf16 (made to run there) or fp32, with the fusions
     it has on CUDA or none (as on CPU): 3 steps' losses, the record's precision, the
-    parameters' dtypes and the config's bf16 flag. Fused, dropout is off: the fused dropout
-    draws other masks."""
+    parameters' dtypes and the config's bf16 flag. Fused, dropout is off, so that the fused
+    runs in the two precisions differ in their arithmetic alone (a mask drawn for a bf16
+    tensor need not be the one drawn for a float32 one)."""
     from megatron.core import parallel_state
 
     from slapo_ae.harness.systems.megatron import MegatronSystem, cuda_fusions
